@@ -1,0 +1,153 @@
+//! The agent's life: bind, spawn workers, serve, and on shutdown drain
+//! in-flight requests before stopping workers.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use infermesh_proto::GrpcInferenceServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+use crate::admin::{self, AdminState};
+use crate::config::AgentConfig;
+use crate::front::Front;
+use crate::metrics::Metrics;
+use crate::pool::Pool;
+use crate::supervisor::{self, Context};
+use crate::trailer::LoadReportLayer;
+use crate::worker::Worker;
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A listen address is taken or not ours.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// Address.
+        addr: std::net::SocketAddr,
+        /// Which listener.
+        what: &'static str,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The OIP server failed.
+    #[error("OIP server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Runs an agent until `shutdown` resolves, then shuts down gracefully:
+/// readiness turns false, no new connections are accepted, in-flight requests
+/// finish (bounded by `shutdown_grace`), workers get SIGTERM (SIGKILL after
+/// their `stop_grace`), and the function returns.
+pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let started = Instant::now();
+    let bind = |addr, what| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind { addr, what, source })
+    };
+    let oip_listener = bind(cfg.listen, "OIP gRPC").await?;
+    let admin_listener = bind(cfg.admin_listen, "admin").await?;
+    let (listen, admin_listen) = (
+        oip_listener.local_addr().unwrap_or(cfg.listen),
+        admin_listener.local_addr().unwrap_or(cfg.admin_listen),
+    );
+
+    let workers: Vec<_> = cfg.workers.iter().cloned().map(Worker::new).collect();
+    let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
+    let metrics = Arc::new(Metrics::new());
+    let ctx = Context {
+        pool: Arc::clone(&pool),
+        metrics: Arc::clone(&metrics),
+        max_message_bytes: cfg.max_message_bytes,
+    };
+    let (stop_workers, stop_rx) = watch::channel(false);
+    let supervisors: Vec<_> = pool
+        .workers()
+        .iter()
+        .map(|w| {
+            tokio::spawn(supervisor::supervise(
+                Arc::clone(w),
+                ctx.clone(),
+                stop_rx.clone(),
+            ))
+        })
+        .collect();
+
+    let (stop_serving, mut serving_rx) = watch::channel(false);
+    let oip = {
+        let front =
+            GrpcInferenceServiceServer::new(Front::new(Arc::clone(&pool), Arc::clone(&metrics)))
+                .max_decoding_message_size(cfg.max_message_bytes)
+                .max_encoding_message_size(cfg.max_message_bytes);
+        let mut rx = serving_rx.clone();
+        let server = tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20))
+            .layer(LoadReportLayer::new(Arc::clone(&pool)))
+            .add_service(front)
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(oip_listener).with_nodelay(Some(true)),
+                async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                },
+            );
+        tokio::spawn(server)
+    };
+    let admin = {
+        let state = AdminState {
+            node_id: cfg.node_id.clone(),
+            pool: Arc::clone(&pool),
+            metrics: Arc::clone(&metrics),
+            started,
+        };
+        let mut rx = serving_rx.clone();
+        let server =
+            axum::serve(admin_listener, admin::router(state)).with_graceful_shutdown(async move {
+                let _ = rx.wait_for(|s| *s).await;
+            });
+        tokio::spawn(async move { server.await })
+    };
+    tracing::info!(node = %cfg.node_id, %listen, %admin_listen, workers = cfg.workers.len(), "agent serving");
+
+    let mut oip = oip;
+    tokio::select! {
+        _ = shutdown => {}
+        result = &mut oip => {
+            // The OIP server ended on its own: that is fatal.
+            let _ = stop_workers.send(true);
+            for s in supervisors { let _ = s.await; }
+            return match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.into()),
+                Err(join) => panic!("OIP server task panicked: {join}"),
+            };
+        }
+    }
+
+    let in_flight = pool.load().in_flight;
+    tracing::info!(in_flight, grace = ?cfg.shutdown_grace, "shutting down: draining in-flight requests");
+    pool.set_stopping();
+    let _ = stop_serving.send(true);
+    let _ = serving_rx.borrow_and_update();
+    match tokio::time::timeout(cfg.shutdown_grace, &mut oip).await {
+        Ok(_) => tracing::info!("in-flight requests finished"),
+        Err(_) => {
+            tracing::warn!(
+                left = pool.load().in_flight,
+                "shutdown grace ran out; stopping with requests in flight"
+            );
+            oip.abort();
+        }
+    }
+    let _ = stop_workers.send(true);
+    for s in supervisors {
+        let _ = s.await;
+    }
+    let _ = admin.await;
+    tracing::info!("agent stopped");
+    Ok(())
+}

@@ -1,0 +1,315 @@
+//! Agent configuration: a TOML file (see `configs/agent.toml`) and/or flags,
+//! parsed into serde structs that reject unknown fields, then checked into a
+//! typed [`AgentConfig`]. [`AgentConfig::from_raw`] reports every problem at
+//! once, so `infermesh agent --check-config` shows the whole list.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The config file as written (all fields optional; defaults filled in by
+/// [`AgentConfig::from_raw`]).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// This node's id in the registry and logs. Default: the host name.
+    pub node_id: Option<String>,
+    /// OIP gRPC address clients call.
+    pub listen: Option<String>,
+    /// Admin address: `/metrics`, `/livez`, `/readyz` and the admin gRPC service.
+    pub admin_listen: Option<String>,
+    /// The node's capacity score before the share of ready workers is applied.
+    pub weight: Option<f64>,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: Option<usize>,
+    /// How long SIGTERM waits for in-flight requests before stopping workers.
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown_grace: Option<Duration>,
+    /// Per-model queue.
+    #[serde(default)]
+    pub queue: RawQueue,
+    /// Worker processes.
+    #[serde(default)]
+    pub workers: Vec<RawWorker>,
+}
+
+/// `[queue]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    /// Requests that may wait per model for a worker slot; beyond it the
+    /// agent answers RESOURCE_EXHAUSTED at once.
+    pub capacity: Option<usize>,
+}
+
+/// `[[workers]]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorker {
+    /// Worker id in logs, metrics and the admin API. Default: `w<index>`.
+    pub id: Option<String>,
+    /// Command line, split like a shell does (no shell runs it). `{port}` is
+    /// replaced by the port the agent picked for this worker.
+    pub command: String,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// GPU index, exported as `CUDA_VISIBLE_DEVICES`.
+    pub gpu: Option<u32>,
+    /// Models the worker serves. Default: asked from the worker (RepositoryIndex).
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Requests the agent sends to this worker at once.
+    pub max_inflight: Option<usize>,
+    /// How long the worker may take to become ready.
+    #[serde(default, with = "humantime_serde")]
+    pub startup_timeout: Option<Duration>,
+    /// How long a stopping worker gets between SIGTERM and SIGKILL.
+    #[serde(default, with = "humantime_serde")]
+    pub stop_grace: Option<Duration>,
+}
+
+/// Checked agent configuration.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Node id.
+    pub node_id: String,
+    /// OIP gRPC listen address.
+    pub listen: SocketAddr,
+    /// Admin listen address.
+    pub admin_listen: SocketAddr,
+    /// Configured capacity score.
+    pub weight: f64,
+    /// Largest gRPC message, bytes.
+    pub max_message_bytes: usize,
+    /// Wait for in-flight requests on SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Per-model queue capacity.
+    pub queue_capacity: usize,
+    /// Workers.
+    pub workers: Vec<WorkerSpec>,
+}
+
+/// One worker process to supervise.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Worker id.
+    pub id: String,
+    /// The command line as configured (with `{port}` unreplaced).
+    pub command: String,
+    /// Program and arguments, split, with `{port}` unreplaced.
+    pub argv: Vec<String>,
+    /// Extra environment.
+    pub env: BTreeMap<String, String>,
+    /// GPU index for `CUDA_VISIBLE_DEVICES`.
+    pub gpu: Option<u32>,
+    /// Models, or empty to ask the worker.
+    pub models: Vec<String>,
+    /// Concurrent requests to this worker.
+    pub max_inflight: usize,
+    /// Readiness deadline.
+    pub startup_timeout: Duration,
+    /// SIGTERM → SIGKILL grace.
+    pub stop_grace: Duration,
+}
+
+/// Default OIP listen address (Triton's gRPC port).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8001";
+/// Default admin listen address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8002";
+const DEFAULT_QUEUE_CAPACITY: usize = 256;
+const DEFAULT_MAX_INFLIGHT: usize = 64;
+const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Every problem found in a configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid agent configuration:\n  - {}", .0.join("\n  - "))]
+pub struct ConfigError(pub Vec<String>);
+
+impl RawConfig {
+    /// Parses TOML text. Unknown fields and type errors are reported with
+    /// their line.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(vec![e.to_string().trim_end().to_string()]))
+    }
+}
+
+impl AgentConfig {
+    /// Checks `raw` and fills in defaults; lists every problem at once.
+    pub fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
+        let mut problems = Vec::new();
+        let mut addr = |field: &str, value: Option<String>, default: &str| {
+            let value = value.unwrap_or_else(|| default.to_string());
+            value.parse::<SocketAddr>().map_err(|_| {
+                problems.push(format!(
+                    "{field}: '{value}' is not an address like 127.0.0.1:8001"
+                ))
+            })
+        };
+        let listen = addr("listen", raw.listen, DEFAULT_LISTEN);
+        let admin_listen = addr("admin_listen", raw.admin_listen, DEFAULT_ADMIN_LISTEN);
+        if let (Ok(l), Ok(a)) = (&listen, &admin_listen) {
+            if l == a && l.port() != 0 {
+                problems.push(format!("listen and admin_listen are both {l}"));
+            }
+        }
+        let node_id = raw.node_id.unwrap_or_else(default_node_id);
+        if node_id.is_empty() || node_id.contains('/') || node_id.chars().any(char::is_whitespace) {
+            problems.push(format!(
+                "node_id: '{node_id}' must be non-empty, without '/' or spaces"
+            ));
+        }
+        let weight = raw.weight.unwrap_or(1.0);
+        if !(weight.is_finite() && weight > 0.0) {
+            problems.push(format!("weight: {weight} must be a positive number"));
+        }
+        let max_message_bytes = raw
+            .max_message_bytes
+            .unwrap_or(infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES);
+        if max_message_bytes < 1024 {
+            problems.push(format!(
+                "max_message_bytes: {max_message_bytes} is below 1024"
+            ));
+        }
+        let queue_capacity = raw.queue.capacity.unwrap_or(DEFAULT_QUEUE_CAPACITY);
+        if raw.workers.is_empty() {
+            problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
+        }
+        let mut workers = Vec::new();
+        for (i, w) in raw.workers.into_iter().enumerate() {
+            let id = w.id.unwrap_or_else(|| format!("w{i}"));
+            let at = format!("workers[{i}] ({id})");
+            if id.is_empty()
+                || !id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                problems.push(format!("{at}: id must be letters, digits, '-', '_' or '.'"));
+            }
+            if workers.iter().any(|s: &WorkerSpec| s.id == id) {
+                problems.push(format!("{at}: duplicate worker id"));
+            }
+            let argv = match shlex::split(&w.command) {
+                Some(argv) if !argv.is_empty() => argv,
+                Some(_) => {
+                    problems.push(format!("{at}: command is empty"));
+                    vec![]
+                }
+                None => {
+                    problems.push(format!(
+                        "{at}: command has an unclosed quote: {}",
+                        w.command
+                    ));
+                    vec![]
+                }
+            };
+            let max_inflight = w.max_inflight.unwrap_or(DEFAULT_MAX_INFLIGHT);
+            if max_inflight == 0 {
+                problems.push(format!("{at}: max_inflight must be at least 1"));
+            }
+            if let Some(bad) = w.models.iter().find(|m| m.is_empty()) {
+                problems.push(format!("{at}: empty model name '{bad}'"));
+            }
+            for key in w.env.keys() {
+                if key.is_empty() || key.contains('=') || key.contains('\0') {
+                    problems.push(format!("{at}: invalid environment variable name '{key}'"));
+                }
+            }
+            workers.push(WorkerSpec {
+                id,
+                command: w.command,
+                argv,
+                env: w.env,
+                gpu: w.gpu,
+                models: w.models,
+                max_inflight,
+                startup_timeout: w.startup_timeout.unwrap_or(DEFAULT_STARTUP_TIMEOUT),
+                stop_grace: w.stop_grace.unwrap_or(DEFAULT_STOP_GRACE),
+            });
+        }
+        match (listen, admin_listen, problems.is_empty()) {
+            (Ok(listen), Ok(admin_listen), true) => Ok(AgentConfig {
+                node_id,
+                listen,
+                admin_listen,
+                weight,
+                max_message_bytes,
+                shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
+                queue_capacity,
+                workers,
+            }),
+            _ => Err(ConfigError(problems)),
+        }
+    }
+}
+
+fn default_node_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let raw = RawConfig::from_toml("[[workers]]\ncommand = \"w --listen 127.0.0.1:{port}\"\n")
+            .unwrap();
+        let cfg = AgentConfig::from_raw(raw).unwrap();
+        assert_eq!(cfg.listen, DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(cfg.workers[0].id, "w0");
+        assert_eq!(cfg.workers[0].argv, ["w", "--listen", "127.0.0.1:{port}"]);
+        assert_eq!(cfg.queue_capacity, DEFAULT_QUEUE_CAPACITY);
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let text = include_str!("../../configs/agent.toml");
+        let cfg = AgentConfig::from_raw(RawConfig::from_toml(text).unwrap()).unwrap();
+        assert!(!cfg.workers.is_empty());
+    }
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let raw = RawConfig::from_toml(
+            r#"
+            listen = "nope"
+            weight = -1.0
+            [[workers]]
+            id = "a"
+            command = ""
+            max_inflight = 0
+            [[workers]]
+            id = "a"
+            command = "x 'unclosed"
+            "#,
+        )
+        .unwrap();
+        let err = AgentConfig::from_raw(raw).unwrap_err();
+        let text = err.to_string();
+        for needle in [
+            "listen",
+            "weight",
+            "command is empty",
+            "max_inflight",
+            "duplicate",
+            "unclosed",
+        ] {
+            assert!(text.contains(needle), "missing '{needle}' in {text}");
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_fields() {
+        let err = RawConfig::from_toml("listn = \"x\"").unwrap_err();
+        assert!(err.to_string().contains("listn"), "{err}");
+    }
+}

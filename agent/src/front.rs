@@ -1,0 +1,310 @@
+//! The agent's Open Inference Protocol front: what clients call.
+//!
+//! Liveness is the agent's own; readiness and model calls are answered from
+//! the workers; `ModelInfer` is validated against the model's metadata,
+//! admitted, dispatched to the least-loaded ready worker hosting the model
+//! (see [`crate::pool`]) under the caller's deadline, and the worker's answer
+//! is passed back unchanged (raw or typed contents alike).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use infermesh_proto::GrpcInferenceServiceClient;
+use infermesh_proto::inference::repository_index_response::ModelIndex;
+use infermesh_proto::inference::*;
+use infermesh_proto::tensor::validate_request;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::BoxStream;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::deadline::request_timeout;
+use crate::error::AgentError;
+use crate::metrics::Metrics;
+use crate::pool::{Lease, Pool};
+use crate::worker::Worker;
+
+/// The OIP service an agent serves.
+#[derive(Clone)]
+pub struct Front {
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+}
+
+impl Front {
+    /// A front over `pool`.
+    pub fn new(pool: Arc<Pool>, metrics: Arc<Metrics>) -> Self {
+        Self { pool, metrics }
+    }
+
+    /// A client to a ready worker hosting `model`, for calls that take no slot.
+    fn client_for(
+        &self,
+        model: &str,
+    ) -> Result<(Arc<Worker>, GrpcInferenceServiceClient<Channel>), Status> {
+        let worker = self
+            .pool
+            .any_ready_for(model)
+            .ok_or_else(|| Status::from(self.pool.unavailable_reason(model)))?;
+        let client = worker
+            .process()
+            .map(|p| p.client)
+            .ok_or_else(|| Status::from(self.pool.unavailable_reason(model)))?;
+        Ok((worker, client))
+    }
+
+    async fn infer(
+        &self,
+        req: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        let deadline = request_timeout(req.metadata()).map(|t| Instant::now() + t);
+        let req = req.into_inner();
+        if req.model_name.is_empty() {
+            return Err(AgentError::BadRequest("model_name is empty".into()).into());
+        }
+        let ticket = self.pool.admit();
+        let meta = self
+            .pool
+            .metadata(&req.model_name)
+            .ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
+        validate_request(&req, &meta).map_err(AgentError::from)?;
+        let lease = ticket.dispatch(&req.model_name, deadline).await?;
+        let resp = forward(&lease, req, deadline).await?;
+        drop(ticket);
+        Ok(resp)
+    }
+}
+
+/// Sends `req` to the leased worker with what is left of the deadline.
+async fn forward(
+    lease: &Lease,
+    req: ModelInferRequest,
+    deadline: Option<Instant>,
+) -> Result<Response<ModelInferResponse>, Status> {
+    let worker = lease.worker();
+    let mut client = lease
+        .process()
+        .map(|p| p.client)
+        .ok_or_else(|| AgentError::NoReadyWorker(req.model_name.clone()))?;
+    let mut out = Request::new(req);
+    if let Some(d) = deadline {
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Status::deadline_exceeded(
+                "deadline exceeded before the request reached a worker",
+            ));
+        }
+        out.set_timeout(left);
+    }
+    client
+        .model_infer(out)
+        .await
+        .map_err(|s| worker_status(worker, s))
+}
+
+/// A worker's error as the caller sees it: its own statuses pass through; a
+/// broken connection becomes UNAVAILABLE naming the worker, so clients retry
+/// elsewhere.
+fn worker_status(worker: &Worker, s: Status) -> Status {
+    // A status the worker sent has no source error; one tonic made from a
+    // broken connection does.
+    let from_transport = std::error::Error::source(&s).is_some();
+    let transport = s.code() == Code::Unavailable || (s.code() == Code::Unknown && from_transport);
+    if transport {
+        AgentError::WorkerUnreachable {
+            worker: worker.id().to_string(),
+            reason: s.message().to_string(),
+        }
+        .into()
+    } else {
+        s
+    }
+}
+
+#[tonic::async_trait]
+impl infermesh_proto::GrpcInferenceService for Front {
+    async fn server_live(
+        &self,
+        _: Request<ServerLiveRequest>,
+    ) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<ServerReadyRequest>,
+    ) -> Result<Response<ServerReadyResponse>, Status> {
+        let ready = self.pool.any_ready() && !self.pool.is_stopping();
+        Ok(Response::new(ServerReadyResponse { ready }))
+    }
+
+    async fn model_ready(
+        &self,
+        req: Request<ModelReadyRequest>,
+    ) -> Result<Response<ModelReadyResponse>, Status> {
+        let ready = self.pool.model_ready(&req.get_ref().name) && !self.pool.is_stopping();
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "infermesh-agent".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: vec!["model_repository".into(), "statistics".into()],
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        req: Request<ModelMetadataRequest>,
+    ) -> Result<Response<ModelMetadataResponse>, Status> {
+        let name = &req.get_ref().name;
+        match self.pool.metadata(name) {
+            Some(meta) => Ok(Response::new((*meta).clone())),
+            None => Err(self.pool.unavailable_reason(name).into()),
+        }
+    }
+
+    async fn model_config(
+        &self,
+        req: Request<ModelConfigRequest>,
+    ) -> Result<Response<ModelConfigResponse>, Status> {
+        let (worker, mut client) = self.client_for(&req.get_ref().name)?;
+        client
+            .model_config(req.into_inner())
+            .await
+            .map_err(|s| worker_status(&worker, s))
+    }
+
+    async fn model_statistics(
+        &self,
+        req: Request<ModelStatisticsRequest>,
+    ) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let req = req.into_inner();
+        if !req.name.is_empty() && self.pool.metadata(&req.name).is_none() {
+            return Err(self.pool.unavailable_reason(&req.name).into());
+        }
+        // Sum what every ready worker reports, per model.
+        let mut merged: HashMap<String, ModelStatistics> = HashMap::new();
+        for w in self.pool.workers() {
+            let Some(p) = w
+                .process()
+                .filter(|_| w.state() == crate::worker::WorkerState::Ready)
+            else {
+                continue;
+            };
+            let mut client = p.client;
+            let Ok(resp) = client.model_statistics(req.clone()).await else {
+                continue;
+            };
+            for s in resp.into_inner().model_stats {
+                merge_stats(merged.entry(s.name.clone()).or_default(), s);
+            }
+        }
+        let mut model_stats: Vec<_> = merged.into_values().collect();
+        model_stats.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(
+        &self,
+        _: Request<RepositoryIndexRequest>,
+    ) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let models = self
+            .pool
+            .models()
+            .into_iter()
+            .map(|(name, ready)| ModelIndex {
+                name,
+                version: String::new(),
+                state: if ready { "READY" } else { "UNAVAILABLE" }.into(),
+                reason: String::new(),
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn model_infer(
+        &self,
+        req: Request<ModelInferRequest>,
+    ) -> Result<Response<ModelInferResponse>, Status> {
+        let started = Instant::now();
+        let model = req.get_ref().model_name.clone();
+        let result = self.infer(req).await;
+        let code = result.as_ref().map_or_else(|s| s.code(), |_| Code::Ok);
+        self.metrics.request(&model, code, started.elapsed());
+        result
+    }
+
+    async fn model_stream_infer(
+        &self,
+        req: Request<Streaming<ModelInferRequest>>,
+    ) -> Result<Response<BoxStream<ModelStreamInferResponse>>, Status> {
+        let deadline = request_timeout(req.metadata()).map(|t| Instant::now() + t);
+        let mut incoming = req.into_inner();
+        // The first request picks the worker; the stream stays on it.
+        let Some(first) = incoming.message().await? else {
+            return Ok(Response::new(Box::pin(tokio_stream::empty())));
+        };
+        let ticket = self.pool.admit();
+        let lease = ticket.dispatch(&first.model_name, deadline).await?;
+        let worker = Arc::clone(lease.worker());
+        let mut client = lease
+            .process()
+            .map(|p| p.client)
+            .ok_or_else(|| AgentError::NoReadyWorker(first.model_name.clone()))?;
+        let (tx, rx) = mpsc::channel(16);
+        tx.send(first)
+            .await
+            .map_err(|_| Status::internal("stream closed"))?;
+        tokio::spawn(async move {
+            while let Ok(Some(msg)) = incoming.message().await {
+                if tx.send(msg).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let upstream = client
+            .model_stream_infer(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| worker_status(&worker, s))?
+            .into_inner();
+        // The ticket and lease live as long as the stream does.
+        let held = (ticket, lease);
+        let out = upstream.map(move |item| {
+            let _ = &held;
+            item.map_err(|s| worker_status(&worker, s))
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+}
+
+fn merge_stats(into: &mut ModelStatistics, s: ModelStatistics) {
+    fn add(a: &mut Option<StatisticDuration>, b: Option<StatisticDuration>) {
+        if let Some(b) = b {
+            let a = a.get_or_insert_with(Default::default);
+            a.count += b.count;
+            a.ns += b.ns;
+        }
+    }
+    into.name = s.name;
+    into.version = s.version;
+    into.last_inference = into.last_inference.max(s.last_inference);
+    into.inference_count += s.inference_count;
+    into.execution_count += s.execution_count;
+    if let Some(b) = s.inference_stats {
+        let a = into.inference_stats.get_or_insert_with(Default::default);
+        add(&mut a.success, b.success);
+        add(&mut a.fail, b.fail);
+        add(&mut a.queue, b.queue);
+        add(&mut a.compute_input, b.compute_input);
+        add(&mut a.compute_infer, b.compute_infer);
+        add(&mut a.compute_output, b.compute_output);
+    }
+}

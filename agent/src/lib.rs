@@ -1,0 +1,37 @@
+//! The infermesh agent: one per GPU host.
+//!
+//! It supervises the host's inference server processes ("workers"), fronts
+//! them with the Open Inference Protocol (KServe v2 / Triton gRPC) on its own
+//! address, and exposes metrics and an admin API. Clients — `tritonclient`,
+//! `infermesh-client`, anything speaking OIP — call the agent as they would
+//! call Triton.
+//!
+//! - [`config`]: TOML / flag configuration, checked.
+//! - [`spawn`], [`supervisor`]: running workers (ports, env, process groups,
+//!   death with the agent, output capture, readiness).
+//! - [`pool`]: admission, least-in-flight dispatch, the bounded per-model queue.
+//! - [`front`]: the OIP service; [`trailer`]: the load report on each response.
+//! - [`admin`], [`metrics`]: `/metrics`, `/livez`, `/readyz`, admin gRPC.
+//! - [`agent::run`]: start, serve, graceful shutdown.
+//!
+//! `unsafe` is denied everywhere except [`pdeathsig`], which registers the
+//! parent-death signal between `fork` and `exec`.
+#![deny(unsafe_code)]
+
+pub mod admin;
+pub mod agent;
+pub mod busy;
+pub mod config;
+pub mod deadline;
+pub mod error;
+pub mod front;
+pub mod metrics;
+pub mod pdeathsig;
+pub mod pool;
+pub mod spawn;
+pub mod supervisor;
+pub mod trailer;
+pub mod worker;
+
+pub use agent::{RunError, run};
+pub use config::{AgentConfig, ConfigError, RawConfig, RawWorker};

@@ -1,0 +1,153 @@
+//! Prometheus metrics of the agent, served as OpenMetrics text at `/metrics`
+//! on the admin address. Gauges that mirror live state (in-flight, queue,
+//! weight, worker states) are refreshed from the pool at scrape time.
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::pool::Pool;
+use crate::worker::WorkerState;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The agent's metric families.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    requests: Family<Labels, Counter>,
+    latency: Family<Labels, Histogram>,
+    in_flight: Gauge,
+    queued: Gauge,
+    busy: Gauge<f64, AtomicU64>,
+    weight: Gauge<f64, AtomicU64>,
+    worker_state: Family<Labels, Gauge>,
+    worker_exits: Family<Labels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every family.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("infermesh");
+        let requests = Family::<Labels, Counter>::default();
+        let latency = Family::<Labels, Histogram>::new_with_constructor(|| {
+            // 50 µs .. ~52 s
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 21))
+        });
+        let in_flight = Gauge::default();
+        let queued = Gauge::default();
+        let busy = Gauge::<f64, AtomicU64>::default();
+        let weight = Gauge::<f64, AtomicU64>::default();
+        let worker_state = Family::<Labels, Gauge>::default();
+        let worker_exits = Family::<Labels, Counter>::default();
+        registry.register(
+            "requests",
+            "Inference requests answered, by model and gRPC code",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from request arrival to response, by model",
+            latency.clone(),
+        );
+        registry.register(
+            "inflight",
+            "Requests accepted and not yet answered",
+            in_flight.clone(),
+        );
+        registry.register(
+            "queued",
+            "Requests waiting for a worker slot",
+            queued.clone(),
+        );
+        registry.register(
+            "busy_ratio",
+            "Share of the last 10 s with work in flight",
+            busy.clone(),
+        );
+        registry.register(
+            "weight",
+            "Advertised weight: capacity x share of workers ready",
+            weight.clone(),
+        );
+        registry.register(
+            "worker_state",
+            "1 for the state each worker is in (starting, ready, exited)",
+            worker_state.clone(),
+        );
+        registry.register(
+            "worker_exits",
+            "Times a worker process ended",
+            worker_exits.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            requests,
+            latency,
+            in_flight,
+            queued,
+            busy,
+            weight,
+            worker_state,
+            worker_exits,
+        }
+    }
+
+    /// Records one answered inference request.
+    pub fn request(&self, model: &str, code: tonic::Code, took: Duration) {
+        let code = format!("{code:?}");
+        self.requests
+            .get_or_create(&vec![("model", model.to_string()), ("code", code)])
+            .inc();
+        self.latency
+            .get_or_create(&vec![("model", model.to_string())])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Records a worker process ending.
+    pub fn worker_exited(&self, worker: &str) {
+        self.worker_exits
+            .get_or_create(&vec![("worker", worker.to_string())])
+            .inc();
+    }
+
+    /// Refreshes the live gauges from `pool` and encodes everything.
+    pub fn render(&self, pool: &Pool) -> String {
+        let load = pool.load();
+        self.in_flight.set(load.in_flight as i64);
+        self.queued.set(load.queued as i64);
+        self.busy.set(load.busy_ratio);
+        self.weight.set(load.weight);
+        for w in pool.workers() {
+            for s in [
+                WorkerState::Starting,
+                WorkerState::Ready,
+                WorkerState::Exited,
+            ] {
+                let labels = vec![
+                    ("worker", w.id().to_string()),
+                    ("state", s.as_str().to_string()),
+                ];
+                self.worker_state
+                    .get_or_create(&labels)
+                    .set(i64::from(w.state() == s));
+            }
+        }
+        let mut out = String::new();
+        let registry = self.registry.lock().expect("metrics lock");
+        encode(&mut out, &registry).expect("encoding to a String cannot fail");
+        out
+    }
+}

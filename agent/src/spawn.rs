@@ -1,0 +1,166 @@
+//! Starting a worker process the way the agent owns it:
+//!
+//! - a free loopback port is picked and substituted for `{port}` in the
+//!   command line, and exported as `INFERMESH_WORKER_PORT`;
+//! - `CUDA_VISIBLE_DEVICES` is set when the worker has a GPU;
+//! - the worker runs in its own process group, so a terminal's Ctrl-C reaches
+//!   only the agent (which then drains before stopping workers), and a stop
+//!   signal reaches the worker's own children too;
+//! - it gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the agent even when
+//!   the agent is SIGKILLed: no orphan keeps GPU memory or a port;
+//! - stdout and stderr are read line by line into the agent log (tagged with
+//!   the worker id) and the worker's output ring.
+//!
+//! A bare program name is looked up in `PATH`, then next to the running
+//! `infermesh` binary, so `--worker "infermesh-testworker ..."` works from a
+//! build directory without installing anything.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::worker::Worker;
+
+/// Placeholder in a worker's command line for its port.
+pub const PORT_PLACEHOLDER: &str = "{port}";
+
+/// A spawned worker process.
+pub struct Spawned {
+    /// The process.
+    pub child: Child,
+    /// Its pid (and process group id).
+    pub pid: u32,
+    /// Where it will serve OIP.
+    pub address: SocketAddr,
+}
+
+/// Spawns `worker`'s process.
+pub fn spawn(worker: &Arc<Worker>) -> io::Result<Spawned> {
+    let spec = &worker.spec;
+    let port = free_port()?;
+    let argv: Vec<String> = spec
+        .argv
+        .iter()
+        .map(|a| a.replace(PORT_PLACEHOLDER, &port.to_string()))
+        .collect();
+    let program = resolve_program(&argv[0]).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "'{}' not found in PATH or next to the infermesh binary",
+                argv[0]
+            ),
+        )
+    })?;
+    let mut cmd = Command::new(&program);
+    cmd.args(&argv[1..])
+        .envs(&spec.env)
+        .env("INFERMESH_WORKER_PORT", port.to_string())
+        .env("INFERMESH_WORKER_ID", &spec.id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(gpu) = spec.gpu {
+        cmd.env("CUDA_VISIBLE_DEVICES", gpu.to_string());
+    }
+    crate::pdeathsig::kill_child_when_parent_dies(&mut cmd);
+    let mut child = cmd.spawn()?;
+    let pid = child.id().unwrap_or_default();
+    if let Some(out) = child.stdout.take() {
+        forward_lines(Arc::clone(worker), "stdout", out);
+    }
+    if let Some(err) = child.stderr.take() {
+        forward_lines(Arc::clone(worker), "stderr", err);
+    }
+    Ok(Spawned {
+        child,
+        pid,
+        address: SocketAddr::from(([127, 0, 0, 1], port)),
+    })
+}
+
+/// A port free on loopback right now. The worker binds it moments later; the
+/// small race with other processes is the usual price of letting the agent
+/// own port assignment, and shows up as a worker that fails to start.
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn resolve_program(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Some(PathBuf::from(name));
+    }
+    let in_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p));
+    in_path.or_else(|| {
+        let here = std::env::current_exe().ok()?;
+        let candidate = here.parent()?.join(name);
+        is_executable(&candidate).then_some(candidate)
+    })
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn forward_lines(
+    worker: Arc<Worker>,
+    stream: &'static str,
+    reader: impl AsyncRead + Unpin + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(reader).lines();
+        loop {
+            match lines.next_line().await {
+                Ok(Some(line)) => {
+                    tracing::info!(target: "infermesh::worker", worker = %worker.id(), stream, "{line}");
+                    worker.push_output(line);
+                }
+                Ok(None) => break,
+                // Not UTF-8 or a read error: note it and keep the worker running.
+                Err(e) => {
+                    tracing::debug!(worker = %worker.id(), stream, error = %e, "unreadable worker output");
+                    break;
+                }
+            }
+        }
+    });
+}
+
+/// How a process ended, in words for logs and the admin API.
+pub fn describe_exit(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(s) => format!("signal {sig} ({})", s.as_str()),
+            Err(_) => format!("signal {sig}"),
+        },
+        _ => "ended".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_programs_in_path() {
+        assert!(resolve_program("sh").is_some());
+        assert!(resolve_program("no-such-program-here").is_none());
+        assert_eq!(resolve_program("/bin/x"), Some(PathBuf::from("/bin/x")));
+    }
+}

@@ -1,0 +1,109 @@
+//! `infermesh agent`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use infermesh_agent::{AgentConfig, RawConfig, RawWorker};
+
+use crate::exit;
+
+/// Run the agent. A config file is optional: the common settings are flags,
+/// and flags override the file. Example:
+///
+///   infermesh agent --listen 127.0.0.1:8001 --admin-listen 127.0.0.1:8002
+///     --worker "infermesh-testworker --listen 127.0.0.1:{port}"
+///     --worker "infermesh-testworker --listen 127.0.0.1:{port}"
+///
+/// `{port}` is replaced by a free loopback port the agent picks for each
+/// worker (also exported as INFERMESH_WORKER_PORT).
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// TOML config file (see configs/agent.toml for every option).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// OIP gRPC listen address [default: 127.0.0.1:8001].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Admin listen address: /metrics, /livez, /readyz, admin gRPC [default: 127.0.0.1:8002].
+    #[arg(long)]
+    admin_listen: Option<String>,
+    /// This node's id [default: the host name].
+    #[arg(long)]
+    node_id: Option<String>,
+    /// A worker command line (repeatable); added to the config file's workers.
+    #[arg(long = "worker", value_name = "COMMAND LINE")]
+    workers: Vec<String>,
+    /// Check the configuration, print every problem found, and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+pub fn main(args: AgentArgs) -> i32 {
+    crate::logging::init();
+    let cfg = match load(&args) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return exit::CONFIG;
+        }
+    };
+    if args.check_config {
+        println!(
+            "configuration OK: node {}, OIP on {}, admin on {}, {} worker(s)",
+            cfg.node_id,
+            cfg.listen,
+            cfg.admin_listen,
+            cfg.workers.len()
+        );
+        return exit::OK;
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(infermesh_agent::run(cfg, shutdown_signal())) {
+        Ok(()) => exit::OK,
+        Err(e @ infermesh_agent::RunError::Bind { .. }) => {
+            eprintln!("error: {e}");
+            exit::UNAVAILABLE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            exit::FAILURE
+        }
+    }
+}
+
+fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
+    let mut raw = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            RawConfig::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => RawConfig::default(),
+    };
+    if let Some(l) = &args.listen {
+        raw.listen = Some(l.clone());
+    }
+    if let Some(a) = &args.admin_listen {
+        raw.admin_listen = Some(a.clone());
+    }
+    if let Some(n) = &args.node_id {
+        raw.node_id = Some(n.clone());
+    }
+    raw.workers
+        .extend(args.workers.iter().map(|command| RawWorker {
+            command: command.clone(),
+            ..Default::default()
+        }));
+    Ok(AgentConfig::from_raw(raw)?)
+}
+
+/// Resolves on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+}

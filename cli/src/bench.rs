@@ -1,0 +1,310 @@
+//! `infermesh bench`: closed-loop ModelInfer load against one OIP endpoint
+//! (an agent or a worker), reporting throughput and hdrhistogram latency
+//! percentiles.
+//!
+//! Each of `--concurrency` tasks sends one request at a time over a shared
+//! HTTP/2 connection for `--duration` after a warm-up. The input is the
+//! `dense` model's `INPUT0` (FP32 `[rows, 16]`, raw contents) sized to
+//! `--size-bytes` (rounded down to whole 64-byte rows, at least one row).
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use infermesh_proto::GrpcInferenceServiceClient;
+use infermesh_proto::inference::model_infer_request::InferInputTensor;
+use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest};
+use infermesh_proto::tensor::f32_to_raw;
+use serde::Serialize;
+use tonic::transport::Endpoint;
+
+use crate::exit;
+
+/// Bytes in one row of the dense model's input (16 × FP32).
+const ROW_BYTES: usize = 64;
+
+/// Send ModelInfer load to an OIP endpoint and report throughput and latency.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// OIP gRPC endpoint, e.g. 127.0.0.1:8001 (an agent or a worker).
+    #[arg(long)]
+    target: String,
+    /// Model to call.
+    #[arg(long, default_value = "dense")]
+    model: String,
+    /// Requests in flight at once (closed loop).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    concurrency: u32,
+    /// How long to measure, e.g. 10s, 500ms, 1m.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Load sent before measuring starts (not counted).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Input tensor size in bytes (whole 64-byte rows of the dense model).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 30)))]
+    size_bytes: u64,
+    /// Per-request deadline.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Print one JSON object as the last line (stable fields: requests, errors,
+    /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The `--json` report.
+#[derive(Debug, Serialize)]
+struct Report {
+    target: String,
+    model: String,
+    concurrency: u32,
+    size_bytes: usize,
+    requests: u64,
+    errors: u64,
+    errors_by_code: BTreeMap<String, u64>,
+    duration_s: f64,
+    throughput_rps: f64,
+    /// Input tensor bytes sent per second by successful requests.
+    bytes_per_s: f64,
+    latency_ms: Latency,
+}
+
+#[derive(Debug, Serialize)]
+struct Latency {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+    mean: f64,
+}
+
+#[derive(Default)]
+struct TaskResult {
+    hist: Option<Histogram<u64>>,
+    errors: BTreeMap<String, u64>,
+}
+
+pub fn main(args: BenchArgs) -> i32 {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(run(args))
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // Microseconds, 1 µs .. 100 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000, 3).expect("valid histogram bounds")
+}
+
+async fn run(args: BenchArgs) -> i32 {
+    let uri = if args.target.contains("://") {
+        args.target.clone()
+    } else {
+        format!("http://{}", args.target)
+    };
+    let endpoint = match Endpoint::from_shared(uri.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!(
+                "error: --target '{}' is not a valid address: {e}",
+                args.target
+            );
+            return exit::USAGE;
+        }
+    };
+    let channel = endpoint
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .connect_lazy();
+    let max = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES.max(args.size_bytes as usize * 2);
+    let client = GrpcInferenceServiceClient::new(channel)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    if let Err(e) = client.clone().server_live(ServerLiveRequest {}).await {
+        eprintln!("error: cannot reach {}: {}", args.target, e.message());
+        return exit::UNAVAILABLE;
+    }
+
+    let rows = (args.size_bytes as usize / ROW_BYTES).max(1);
+    let input: Vec<f32> = (0..rows * 16)
+        .map(|i| (i % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let request = ModelInferRequest {
+        model_name: args.model.clone(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![rows as i64, 16],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![f32_to_raw(&input).into()],
+        ..Default::default()
+    };
+    let size_bytes = rows * ROW_BYTES;
+
+    let progress = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let pb = ProgressBar::new(args.duration.as_millis() as u64);
+        pb.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed:>4} [{bar:30}] {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        pb
+    });
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let measure_from = start + args.warmup;
+    let end = measure_from + args.duration;
+    let tasks: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            let (mut client, request, done) = (client.clone(), request.clone(), Arc::clone(&done));
+            let timeout = args.timeout;
+            tokio::spawn(async move {
+                let mut result = TaskResult {
+                    hist: Some(new_histogram()),
+                    ..Default::default()
+                };
+                loop {
+                    let sent = Instant::now();
+                    if sent >= end {
+                        break;
+                    }
+                    let mut req = tonic::Request::new(request.clone());
+                    req.set_timeout(timeout);
+                    let outcome = client.model_infer(req).await;
+                    let took = sent.elapsed();
+                    if sent < measure_from {
+                        continue;
+                    }
+                    match outcome {
+                        Ok(_) => {
+                            let us = (took.as_micros() as u64).max(1);
+                            result
+                                .hist
+                                .as_mut()
+                                .expect("histogram")
+                                .saturating_record(us);
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(status) => {
+                            *result
+                                .errors
+                                .entry(format!("{:?}", status.code()))
+                                .or_default() += 1;
+                        }
+                    }
+                }
+                result
+            })
+        })
+        .collect();
+    if let Some(pb) = &progress {
+        let pb = pb.clone();
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                let now = Instant::now();
+                if now >= end {
+                    break;
+                }
+                let measured = now.saturating_duration_since(measure_from);
+                let n = done.load(Ordering::Relaxed);
+                pb.set_position(measured.as_millis() as u64);
+                let rps = n as f64 / measured.as_secs_f64().max(1e-3);
+                pb.set_message(if now < measure_from {
+                    "warming up".to_string()
+                } else {
+                    format!("{n} ok, {rps:.0} req/s")
+                });
+            }
+        });
+    }
+
+    let mut hist = new_histogram();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for t in tasks {
+        let r = t.await.expect("bench task panicked");
+        if let Some(h) = r.hist {
+            hist.add(h).expect("same histogram bounds");
+        }
+        for (code, n) in r.errors {
+            *errors.entry(code).or_default() += n;
+        }
+    }
+    if let Some(pb) = progress {
+        pb.finish_and_clear();
+    }
+    let duration_s = args.duration.as_secs_f64();
+    let requests = hist.len();
+    let error_count: u64 = errors.values().sum();
+    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let report = Report {
+        target: args.target.clone(),
+        model: args.model.clone(),
+        concurrency: args.concurrency,
+        size_bytes,
+        requests,
+        errors: error_count,
+        errors_by_code: errors,
+        duration_s,
+        throughput_rps: requests as f64 / duration_s,
+        bytes_per_s: (requests as f64 * size_bytes as f64) / duration_s,
+        latency_ms: Latency {
+            p50: ms(0.50),
+            p90: ms(0.90),
+            p99: ms(0.99),
+            p999: ms(0.999),
+            max: hist.max() as f64 / 1000.0,
+            mean: hist.mean() / 1000.0,
+        },
+    };
+    print_human(&report);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("report serializes")
+        );
+    }
+    if report.requests == 0 {
+        exit::FAILURE
+    } else {
+        exit::OK
+    }
+}
+
+fn print_human(r: &Report) {
+    println!(
+        "target {}  model {}  concurrency {}  payload {} B ({} rows)",
+        r.target,
+        r.model,
+        r.concurrency,
+        r.size_bytes,
+        r.size_bytes / ROW_BYTES
+    );
+    println!(
+        "requests {}  errors {}  duration {:.2} s",
+        r.requests, r.errors, r.duration_s
+    );
+    for (code, n) in &r.errors_by_code {
+        println!("  {code}: {n}");
+    }
+    println!(
+        "throughput {:.1} req/s  {:.2} MiB/s",
+        r.throughput_rps,
+        r.bytes_per_s / (1024.0 * 1024.0)
+    );
+    let l = &r.latency_ms;
+    println!(
+        "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p999 {:.3}  max {:.3}  mean {:.3}",
+        l.p50, l.p90, l.p99, l.p999, l.max, l.mean
+    );
+}

@@ -1,0 +1,490 @@
+//! Tensor datatypes and validation of `ModelInfer` requests against a model's
+//! metadata. Both the agent front and the test worker call [`validate_request`]
+//! so a bad request gets the same clear `INVALID_ARGUMENT` wherever it lands.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use crate::inference::model_infer_request::InferInputTensor;
+use crate::inference::model_metadata_response::TensorMetadata;
+use crate::inference::{InferTensorContents, ModelInferRequest, ModelMetadataResponse};
+
+/// An OIP tensor datatype (the protocol's strings: `FP32`, `INT64`, `BYTES`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `BOOL`, one byte per element.
+    Bool,
+    /// `UINT8`.
+    Uint8,
+    /// `UINT16`.
+    Uint16,
+    /// `UINT32`.
+    Uint32,
+    /// `UINT64`.
+    Uint64,
+    /// `INT8`.
+    Int8,
+    /// `INT16`.
+    Int16,
+    /// `INT32`.
+    Int32,
+    /// `INT64`.
+    Int64,
+    /// `FP16`; raw form only.
+    Fp16,
+    /// `BF16`; raw form only.
+    Bf16,
+    /// `FP32`.
+    Fp32,
+    /// `FP64`.
+    Fp64,
+    /// `BYTES`: each element is a 4-byte little-endian length and the bytes.
+    Bytes,
+}
+
+impl DataType {
+    /// Parses the protocol's datatype string.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "BOOL" => Self::Bool,
+            "UINT8" => Self::Uint8,
+            "UINT16" => Self::Uint16,
+            "UINT32" => Self::Uint32,
+            "UINT64" => Self::Uint64,
+            "INT8" => Self::Int8,
+            "INT16" => Self::Int16,
+            "INT32" => Self::Int32,
+            "INT64" => Self::Int64,
+            "FP16" => Self::Fp16,
+            "BF16" => Self::Bf16,
+            "FP32" => Self::Fp32,
+            "FP64" => Self::Fp64,
+            "BYTES" => Self::Bytes,
+            _ => return None,
+        })
+    }
+
+    /// The protocol's string for this datatype.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bool => "BOOL",
+            Self::Uint8 => "UINT8",
+            Self::Uint16 => "UINT16",
+            Self::Uint32 => "UINT32",
+            Self::Uint64 => "UINT64",
+            Self::Int8 => "INT8",
+            Self::Int16 => "INT16",
+            Self::Int32 => "INT32",
+            Self::Int64 => "INT64",
+            Self::Fp16 => "FP16",
+            Self::Bf16 => "BF16",
+            Self::Fp32 => "FP32",
+            Self::Fp64 => "FP64",
+            Self::Bytes => "BYTES",
+        }
+    }
+
+    /// Bytes per element in the raw form; `None` for variable-size `BYTES`.
+    pub fn element_size(self) -> Option<usize> {
+        match self {
+            Self::Bool | Self::Uint8 | Self::Int8 => Some(1),
+            Self::Uint16 | Self::Int16 | Self::Fp16 | Self::Bf16 => Some(2),
+            Self::Uint32 | Self::Int32 | Self::Fp32 => Some(4),
+            Self::Uint64 | Self::Int64 | Self::Fp64 => Some(8),
+            Self::Bytes => None,
+        }
+    }
+
+    /// Number of elements in the typed-contents field this datatype uses;
+    /// `None` for types that only have a raw form (FP16, BF16).
+    pub fn typed_len(self, c: &InferTensorContents) -> Option<usize> {
+        Some(match self {
+            Self::Bool => c.bool_contents.len(),
+            Self::Int8 | Self::Int16 | Self::Int32 => c.int_contents.len(),
+            Self::Int64 => c.int64_contents.len(),
+            Self::Uint8 | Self::Uint16 | Self::Uint32 => c.uint_contents.len(),
+            Self::Uint64 => c.uint64_contents.len(),
+            Self::Fp32 => c.fp32_contents.len(),
+            Self::Fp64 => c.fp64_contents.len(),
+            Self::Bytes => c.bytes_contents.len(),
+            Self::Fp16 | Self::Bf16 => return None,
+        })
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a `ModelInfer` request does not fit the model. Every variant maps to
+/// `INVALID_ARGUMENT`; the message names the tensor and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TensorError {
+    /// An input the model does not have.
+    #[error("unexpected input '{name}': model '{model}' has inputs [{expected}]")]
+    UnknownInput {
+        /// Model name.
+        model: String,
+        /// The input named in the request.
+        name: String,
+        /// The model's input names.
+        expected: String,
+    },
+    /// The same input given twice.
+    #[error("input '{0}' is given more than once")]
+    DuplicateInput(String),
+    /// An input the model needs is absent.
+    #[error("missing input '{0}'")]
+    MissingInput(String),
+    /// An output the model does not produce.
+    #[error("unknown requested output '{0}'")]
+    UnknownOutput(String),
+    /// Datatype differs from the model's.
+    #[error("input '{name}': datatype {got} does not match the model's {expected}")]
+    WrongDatatype {
+        /// Tensor name.
+        name: String,
+        /// Datatype in the request.
+        got: String,
+        /// Datatype the model declares.
+        expected: String,
+    },
+    /// Shape rank or a fixed dimension differs, or a dimension is negative.
+    #[error("input '{name}': shape {got:?} does not match the model's {expected:?}")]
+    WrongShape {
+        /// Tensor name.
+        name: String,
+        /// Shape in the request.
+        got: Vec<i64>,
+        /// Shape the model declares (-1 = any size).
+        expected: Vec<i64>,
+    },
+    /// The element count overflows.
+    #[error("input '{0}': shape is too large")]
+    ShapeOverflow(String),
+    /// Raw bytes do not match shape × datatype size.
+    #[error("input '{name}': raw contents hold {got} bytes, shape and datatype need {expected}")]
+    WrongByteSize {
+        /// Tensor name.
+        name: String,
+        /// Bytes given.
+        got: usize,
+        /// Bytes expected.
+        expected: usize,
+    },
+    /// Typed contents hold the wrong number of elements.
+    #[error("input '{name}': contents hold {got} elements, shape needs {expected}")]
+    WrongElementCount {
+        /// Tensor name.
+        name: String,
+        /// Elements given.
+        got: usize,
+        /// Elements expected.
+        expected: usize,
+    },
+    /// `raw_input_contents` count differs from the inputs count.
+    #[error("raw_input_contents has {got} entries for {expected} inputs")]
+    RawCountMismatch {
+        /// Entries given.
+        got: usize,
+        /// Inputs in the request.
+        expected: usize,
+    },
+    /// Both raw and typed contents, or typed contents for a raw-only type.
+    #[error("input '{0}': {1}")]
+    BadContents(String, &'static str),
+    /// A `BYTES` raw tensor whose length prefixes do not add up.
+    #[error("input '{0}': malformed BYTES raw contents")]
+    MalformedBytes(String),
+}
+
+/// Number of elements of `shape`, checking every dimension is non-negative.
+pub fn element_count(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d).ok()?;
+        acc.checked_mul(d)
+    })
+}
+
+/// Checks `req` against the model's metadata: input names, datatypes, shapes,
+/// and that the contents (raw or typed) hold exactly shape × datatype.
+pub fn validate_request(
+    req: &ModelInferRequest,
+    meta: &ModelMetadataResponse,
+) -> Result<(), TensorError> {
+    let raw = !req.raw_input_contents.is_empty();
+    if raw && req.raw_input_contents.len() != req.inputs.len() {
+        return Err(TensorError::RawCountMismatch {
+            got: req.raw_input_contents.len(),
+            expected: req.inputs.len(),
+        });
+    }
+    let mut seen = HashSet::new();
+    for (i, input) in req.inputs.iter().enumerate() {
+        let spec = meta
+            .inputs
+            .iter()
+            .find(|m| m.name == input.name)
+            .ok_or_else(|| TensorError::UnknownInput {
+                model: meta.name.clone(),
+                name: input.name.clone(),
+                expected: names(&meta.inputs),
+            })?;
+        if !seen.insert(input.name.as_str()) {
+            return Err(TensorError::DuplicateInput(input.name.clone()));
+        }
+        let raw_bytes = if raw {
+            Some(&req.raw_input_contents[i][..])
+        } else {
+            None
+        };
+        validate_input(input, spec, raw_bytes)?;
+    }
+    if let Some(missing) = meta.inputs.iter().find(|m| !seen.contains(m.name.as_str())) {
+        return Err(TensorError::MissingInput(missing.name.clone()));
+    }
+    for out in &req.outputs {
+        if !meta.outputs.iter().any(|m| m.name == out.name) {
+            return Err(TensorError::UnknownOutput(out.name.clone()));
+        }
+    }
+    Ok(())
+}
+
+fn names(tensors: &[TensorMetadata]) -> String {
+    tensors
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn validate_input(
+    input: &InferInputTensor,
+    spec: &TensorMetadata,
+    raw: Option<&[u8]>,
+) -> Result<(), TensorError> {
+    let name = || input.name.clone();
+    if input.datatype != spec.datatype {
+        return Err(TensorError::WrongDatatype {
+            name: name(),
+            got: input.datatype.clone(),
+            expected: spec.datatype.clone(),
+        });
+    }
+    let dtype = DataType::parse(&input.datatype).ok_or_else(|| TensorError::WrongDatatype {
+        name: name(),
+        got: input.datatype.clone(),
+        expected: spec.datatype.clone(),
+    })?;
+    let shape_ok = input.shape.len() == spec.shape.len()
+        && input
+            .shape
+            .iter()
+            .zip(&spec.shape)
+            .all(|(&got, &want)| got >= 0 && (want < 0 || got == want));
+    if !shape_ok {
+        return Err(TensorError::WrongShape {
+            name: name(),
+            got: input.shape.clone(),
+            expected: spec.shape.clone(),
+        });
+    }
+    let elements = element_count(&input.shape).ok_or_else(|| TensorError::ShapeOverflow(name()))?;
+    match (raw, &input.contents) {
+        (Some(_), Some(_)) => Err(TensorError::BadContents(
+            name(),
+            "contents must be empty when raw_input_contents is used",
+        )),
+        (Some(bytes), None) => match dtype.element_size() {
+            Some(size) => {
+                let expected = elements
+                    .checked_mul(size)
+                    .ok_or_else(|| TensorError::ShapeOverflow(name()))?;
+                if bytes.len() == expected {
+                    Ok(())
+                } else {
+                    Err(TensorError::WrongByteSize {
+                        name: name(),
+                        got: bytes.len(),
+                        expected,
+                    })
+                }
+            }
+            None => {
+                let got = count_bytes_elements(bytes)
+                    .ok_or_else(|| TensorError::MalformedBytes(name()))?;
+                if got == elements {
+                    Ok(())
+                } else {
+                    Err(TensorError::WrongElementCount {
+                        name: name(),
+                        got,
+                        expected: elements,
+                    })
+                }
+            }
+        },
+        (None, contents) => {
+            let empty = InferTensorContents::default();
+            let contents = contents.as_ref().unwrap_or(&empty);
+            let got = dtype.typed_len(contents).ok_or(TensorError::BadContents(
+                name(),
+                "FP16 and BF16 tensors must use raw_input_contents",
+            ))?;
+            if got == elements {
+                Ok(())
+            } else {
+                Err(TensorError::WrongElementCount {
+                    name: name(),
+                    got,
+                    expected: elements,
+                })
+            }
+        }
+    }
+}
+
+/// Counts the elements of a raw `BYTES` tensor (each a u32 LE length and data).
+fn count_bytes_elements(mut bytes: &[u8]) -> Option<usize> {
+    let mut n = 0usize;
+    while !bytes.is_empty() {
+        let len = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+        bytes = bytes.get(4..)?.get(len..)?;
+        n += 1;
+    }
+    Some(n)
+}
+
+/// Encodes `f32` values as little-endian raw tensor bytes.
+pub fn f32_to_raw(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Decodes little-endian raw tensor bytes to `f32`; `None` if the length is
+/// not a multiple of 4.
+pub fn raw_to_f32(bytes: &[u8]) -> Option<Vec<f32>> {
+    if bytes.len() % 4 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> ModelMetadataResponse {
+        ModelMetadataResponse {
+            name: "dense".into(),
+            versions: vec!["1".into()],
+            platform: "test".into(),
+            inputs: vec![TensorMetadata {
+                name: "INPUT0".into(),
+                datatype: "FP32".into(),
+                shape: vec![-1, 16],
+            }],
+            outputs: vec![TensorMetadata {
+                name: "OUTPUT0".into(),
+                datatype: "FP32".into(),
+                shape: vec![-1, 4],
+            }],
+        }
+    }
+
+    fn raw_request(shape: Vec<i64>, dtype: &str, bytes: usize) -> ModelInferRequest {
+        ModelInferRequest {
+            model_name: "dense".into(),
+            inputs: vec![InferInputTensor {
+                name: "INPUT0".into(),
+                datatype: dtype.into(),
+                shape,
+                ..Default::default()
+            }],
+            raw_input_contents: vec![vec![0u8; bytes].into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn accepts_matching_raw_and_typed_requests() {
+        assert_eq!(
+            validate_request(&raw_request(vec![3, 16], "FP32", 192), &meta()),
+            Ok(())
+        );
+        let mut typed = raw_request(vec![2, 16], "FP32", 0);
+        typed.raw_input_contents.clear();
+        typed.inputs[0].contents = Some(InferTensorContents {
+            fp32_contents: vec![0.5; 32],
+            ..Default::default()
+        });
+        assert_eq!(validate_request(&typed, &meta()), Ok(()));
+    }
+
+    #[test]
+    fn rejects_each_kind_of_mismatch() {
+        let m = meta();
+        assert!(matches!(
+            validate_request(&raw_request(vec![1, 15], "FP32", 60), &m),
+            Err(TensorError::WrongShape { .. })
+        ));
+        assert!(matches!(
+            validate_request(&raw_request(vec![1, 16], "FP32", 63), &m),
+            Err(TensorError::WrongByteSize {
+                got: 63,
+                expected: 64,
+                ..
+            })
+        ));
+        assert!(matches!(
+            validate_request(&raw_request(vec![1, 16], "INT32", 64), &m),
+            Err(TensorError::WrongDatatype { .. })
+        ));
+        assert!(matches!(
+            validate_request(&raw_request(vec![-2, 16], "FP32", 64), &m),
+            Err(TensorError::WrongShape { .. })
+        ));
+        assert!(matches!(
+            validate_request(&raw_request(vec![i64::MAX, 16], "FP32", 64), &m),
+            Err(TensorError::ShapeOverflow(_))
+        ));
+        let mut missing = raw_request(vec![1, 16], "FP32", 64);
+        missing.inputs.clear();
+        missing.raw_input_contents.clear();
+        assert_eq!(
+            validate_request(&missing, &m),
+            Err(TensorError::MissingInput("INPUT0".into()))
+        );
+        let mut unknown = raw_request(vec![1, 16], "FP32", 64);
+        unknown.inputs[0].name = "X".into();
+        assert!(matches!(
+            validate_request(&unknown, &m),
+            Err(TensorError::UnknownInput { .. })
+        ));
+    }
+
+    #[test]
+    fn counts_bytes_elements() {
+        let mut raw = Vec::new();
+        for s in ["ab", "", "xyz"] {
+            raw.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            raw.extend_from_slice(s.as_bytes());
+        }
+        assert_eq!(count_bytes_elements(&raw), Some(3));
+        assert_eq!(count_bytes_elements(&raw[..raw.len() - 1]), None);
+    }
+
+    #[test]
+    fn f32_raw_round_trip() {
+        let v = [1.0f32, -2.5, f32::MAX];
+        assert_eq!(raw_to_f32(&f32_to_raw(&v)).unwrap(), v);
+        assert_eq!(raw_to_f32(&[0, 1, 2]), None);
+    }
+}
