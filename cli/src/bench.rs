@@ -18,10 +18,10 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::model_infer_request::InferInputTensor;
-use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest};
+use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
 use infermesh_proto::tensor::f32_to_raw;
 use serde::Serialize;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::exit;
 
@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// Per-request deadline.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Wait up to this long for the target to report ready before starting
+    /// (for scripts that just started an agent). 0 = don't wait.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    wait_ready: Duration,
     /// Print one JSON object as the last line (stable fields: requests, errors,
     /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}).
     #[arg(long)]
@@ -127,8 +131,8 @@ async fn run(args: BenchArgs) -> i32 {
     let client = GrpcInferenceServiceClient::new(channel)
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-    if let Err(e) = client.clone().server_live(ServerLiveRequest {}).await {
-        eprintln!("error: cannot reach {}: {}", args.target, e.message());
+    if let Err(e) = wait_until_ready(&client, args.wait_ready).await {
+        eprintln!("error: {}: {e}", args.target);
         return exit::UNAVAILABLE;
     }
 
@@ -278,6 +282,35 @@ async fn run(args: BenchArgs) -> i32 {
         exit::FAILURE
     } else {
         exit::OK
+    }
+}
+
+/// Checks the target is live; with a non-zero `patience`, waits until it
+/// reports ready.
+async fn wait_until_ready(
+    client: &GrpcInferenceServiceClient<Channel>,
+    patience: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let mut c = client.clone();
+        let outcome = if patience.is_zero() {
+            c.server_live(ServerLiveRequest {}).await.map(|_| true)
+        } else {
+            c.server_ready(ServerReadyRequest {})
+                .await
+                .map(|r| r.into_inner().ready)
+        };
+        match outcome {
+            Ok(true) => return Ok(()),
+            Ok(false) if Instant::now() >= deadline => {
+                return Err(format!("not ready after {patience:?}"));
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(format!("unreachable: {}", e.message()));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
     }
 }
 

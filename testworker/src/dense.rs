@@ -50,7 +50,10 @@ pub fn forward(input: &[f32]) -> Vec<f32> {
     for x in input.chunks_exact(IN_FEATURES) {
         for (j, column) in columns.iter().enumerate() {
             // Summed in increasing i, as documented.
-            let acc = x.iter().zip(column).fold(0f32, |acc, (xi, wij)| acc + xi * wij);
+            let acc = x
+                .iter()
+                .zip(column)
+                .fold(0f32, |acc, (xi, wij)| acc + xi * wij);
             out.push((acc / 4.0 + bias(j)).tanh());
         }
     }

@@ -1,0 +1,67 @@
+//! Interoperability with a client the project did not write: NVIDIA's
+//! `tritonclient[grpc]` from PyPI, installed into a virtualenv this test
+//! creates (`target/py-venv`, reused across runs), calls the agent for
+//! ServerLive, ModelMetadata, ModelConfig and ModelInfer with numpy inputs
+//! and checks the numbers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use infermesh_tests::{Agent, bin_dir, testworker};
+
+/// Creates the venv with tritonclient and numpy unless it is there already.
+fn venv() -> PathBuf {
+    let venv = bin_dir().parent().expect("target dir").join("py-venv");
+    let python = venv.join("bin/python");
+    let ready = python.exists()
+        && Command::new(&python)
+            .args(["-c", "import tritonclient.grpc, numpy"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if !ready {
+        let python3 = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        run(
+            Command::new(python3).args(["-m", "venv"]).arg(&venv),
+            "create venv",
+        );
+        run(
+            Command::new(venv.join("bin/pip")).args([
+                "install",
+                "--quiet",
+                "tritonclient[grpc]",
+                "numpy",
+            ]),
+            "pip install tritonclient[grpc] numpy",
+        );
+    }
+    python
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let status = cmd.status().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+#[tokio::test]
+async fn tritonclient_calls_the_agent() {
+    let python = tokio::task::spawn_blocking(venv).await.unwrap();
+    let agent = Agent::builder()
+        .worker(testworker(""))
+        .worker(testworker(""))
+        .start()
+        .await;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/triton_interop.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .arg(agent.oip.to_string())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tritonclient script failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("tritonclient interop OK"), "{stdout}");
+}
