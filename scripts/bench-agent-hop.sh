@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${BENCH_DURATION:-5s}
+threads=${AGENT_THREADS:+--threads $AGENT_THREADS}   # agent runtime threads (default: one per core)
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=target/release
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -13,7 +14,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 wport=$(port); oport=$(port); aport=$(port)
 "$bin/infermesh-testworker" --listen "127.0.0.1:$wport" 2>/dev/null &
 worker=$!
-"$bin/infermesh" agent --listen "127.0.0.1:$oport" --admin-listen "127.0.0.1:$aport" --node-id bench \
+"$bin/infermesh" agent --listen "127.0.0.1:$oport" --admin-listen "127.0.0.1:$aport" --node-id bench $threads \
   --worker "infermesh-testworker --listen 127.0.0.1:{port}" 2>/dev/null &
 agent=$!
 trap 'kill $worker 2>/dev/null; kill -TERM $agent 2>/dev/null; wait 2>/dev/null' EXIT

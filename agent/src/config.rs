@@ -27,6 +27,8 @@ pub struct RawConfig {
     /// How long SIGTERM waits for in-flight requests before stopping workers.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_grace: Option<Duration>,
+    /// Threads of the agent's async runtime. Default: one per CPU core.
+    pub threads: Option<usize>,
     /// Per-model queue.
     #[serde(default)]
     pub queue: RawQueue,
@@ -88,6 +90,8 @@ pub struct AgentConfig {
     pub shutdown_grace: Duration,
     /// Per-model queue capacity.
     pub queue_capacity: usize,
+    /// Runtime threads; `None` = one per core.
+    pub threads: Option<usize>,
     /// Workers.
     pub workers: Vec<WorkerSpec>,
 }
@@ -176,6 +180,9 @@ impl AgentConfig {
             ));
         }
         let queue_capacity = raw.queue.capacity.unwrap_or(DEFAULT_QUEUE_CAPACITY);
+        if raw.threads.is_some_and(|t| t == 0 || t > 1024) {
+            problems.push("threads: must be between 1 and 1024".into());
+        }
         if raw.workers.is_empty() {
             problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
         }
@@ -240,6 +247,7 @@ impl AgentConfig {
                 max_message_bytes,
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
                 queue_capacity,
+                threads: raw.threads,
                 workers,
             }),
             _ => Err(ConfigError(problems)),

@@ -30,6 +30,11 @@ pub struct AgentArgs {
     /// This node's id [default: the host name].
     #[arg(long)]
     node_id: Option<String>,
+    /// Threads of the agent's async runtime [default: one per CPU core]. On a
+    /// host whose cores are busy with inference workers, fewer threads cut
+    /// cross-thread wake-ups and latency.
+    #[arg(long)]
+    threads: Option<usize>,
     /// A worker command line (repeatable); added to the config file's workers.
     #[arg(long = "worker", value_name = "COMMAND LINE")]
     workers: Vec<String>,
@@ -57,7 +62,11 @@ pub fn main(args: AgentArgs) -> i32 {
         );
         return exit::OK;
     }
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cfg.threads {
+        builder.worker_threads(n);
+    }
+    let runtime = builder.enable_all().build().expect("tokio runtime");
     match runtime.block_on(infermesh_agent::run(cfg, shutdown_signal())) {
         Ok(()) => exit::OK,
         Err(e @ infermesh_agent::RunError::Bind { .. }) => {
@@ -85,6 +94,9 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     }
     if let Some(a) = &args.admin_listen {
         raw.admin_listen = Some(a.clone());
+    }
+    if args.threads.is_some() {
+        raw.threads = args.threads;
     }
     if let Some(n) = &args.node_id {
         raw.node_id = Some(n.clone());
