@@ -87,43 +87,38 @@ impl Pool {
     }
 
     fn pick(&self, model: &str) -> Pick {
-        let mut best: Option<&Arc<Worker>> = None;
-        let mut hosted = false;
-        let mut unknown_models = false;
-        // Start the scan at a rotating offset so ties (e.g. all idle) spread
-        // over workers instead of always landing on the first.
+        // Candidates in a rotating order, so that ties (e.g. all idle) spread
+        // over workers; the stable sort then puts the least loaded first. The
+        // least loaded may fill up before we take its slot, so try in order.
         let n = self.workers.len();
         let offset = self.cursor.fetch_add(1, Ordering::Relaxed) % n.max(1);
-        for w in self.workers.iter().cycle().skip(offset).take(n) {
-            if w.models().is_none() && w.state() != WorkerState::Exited {
-                unknown_models = true;
-            }
-            if !w.hosts(model) {
-                continue;
-            }
-            hosted = true;
-            if w.state() == WorkerState::Ready && best.is_none_or(|b| w.in_flight() < b.in_flight())
-            {
-                best = Some(w);
-            }
+        let mut ready: Vec<&Arc<Worker>> = self
+            .workers
+            .iter()
+            .cycle()
+            .skip(offset)
+            .take(n)
+            .filter(|w| w.state() == WorkerState::Ready && w.hosts(model))
+            .collect();
+        if ready.is_empty() {
+            return self.none_ready(model);
         }
-        // The least loaded may have filled up since we looked; try in load order.
-        if let Some(b) = best {
-            if b.try_take_slot() {
-                return Pick::Got(Arc::clone(b));
-            }
-            let mut ready: Vec<_> = self
-                .workers
-                .iter()
-                .filter(|w| w.state() == WorkerState::Ready && w.hosts(model))
-                .collect();
-            ready.sort_by_key(|w| w.in_flight());
-            return match ready.into_iter().find(|w| w.try_take_slot()) {
-                Some(w) => Pick::Got(Arc::clone(w)),
-                None => Pick::AllBusy,
-            };
+        ready.sort_by_key(|w| w.in_flight());
+        match ready.into_iter().find(|w| w.try_take_slot()) {
+            Some(w) => Pick::Got(Arc::clone(w)),
+            None => Pick::AllBusy,
         }
-        if hosted || unknown_models {
+    }
+
+    /// With no ready worker for `model`: does any worker (maybe) host it?
+    fn none_ready(&self, model: &str) -> Pick {
+        let hosted = self.workers.iter().any(|w| w.hosts(model));
+        // A worker still starting may not have told us its models yet.
+        let unknown = self
+            .workers
+            .iter()
+            .any(|w| w.models().is_none() && w.state() != WorkerState::Exited);
+        if hosted || unknown {
             Pick::NoneReady
         } else {
             Pick::Unknown
@@ -151,22 +146,9 @@ impl Pool {
 
     /// Why `model` cannot be served right now, when it cannot.
     pub fn unavailable_reason(&self, model: &str) -> AgentError {
-        match self.pick_readonly(model) {
+        match self.none_ready(model) {
             Pick::Unknown => AgentError::UnknownModel(model.to_string()),
             _ => AgentError::NoReadyWorker(model.to_string()),
-        }
-    }
-
-    fn pick_readonly(&self, model: &str) -> Pick {
-        let hosted = self.workers.iter().any(|w| w.hosts(model));
-        let unknown = self
-            .workers
-            .iter()
-            .any(|w| w.models().is_none() && w.state() != WorkerState::Exited);
-        if hosted || unknown {
-            Pick::NoneReady
-        } else {
-            Pick::Unknown
         }
     }
 
