@@ -8,12 +8,19 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use infermesh_gpu::{GpuError, GpuEvent, GpuEventKind, GpuTelemetry};
 use infermesh_proto::admin::admin_server::{Admin, AdminServer};
-use infermesh_proto::admin::{StatusRequest, StatusResponse, WorkerStatus};
+use infermesh_proto::admin::{
+    GpuStatus, InjectGpuEventRequest, InjectGpuEventResponse, RestartWorkerRequest,
+    RestartWorkerResponse, StatusRequest, StatusResponse, WorkerEvent, WorkerStatus,
+    inject_gpu_event_request,
+};
+use infermesh_sentinel::Event;
 use tonic::{Request, Response, Status};
 
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use crate::worker::Input;
 
 /// Output lines per worker returned by Status.
 const STATUS_OUTPUT_LINES: usize = 20;
@@ -29,6 +36,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// When the agent started.
     pub started: Instant,
+    /// GPU telemetry.
+    pub gpus: Arc<dyn GpuTelemetry>,
 }
 
 /// The admin router: HTTP endpoints and the admin gRPC service.
@@ -87,6 +96,19 @@ impl AdminState {
                     gpu: w.spec.gpu,
                     command: w.spec.command.clone(),
                     last_output: w.last_output(STATUS_OUTPUT_LINES),
+                    routable: w.routable(),
+                    restarts: w.restarts(),
+                    last_fault: w.last_fault().unwrap_or_default(),
+                    startup_ms: w.startup_ms(),
+                    events: w
+                        .events()
+                        .into_iter()
+                        .map(|e| WorkerEvent {
+                            unix_micros: e.unix_micros,
+                            kind: e.kind.to_string(),
+                            detail: e.detail,
+                        })
+                        .collect(),
                 }
             })
             .collect();
@@ -95,6 +117,8 @@ impl AdminState {
             version: env!("CARGO_PKG_VERSION").to_string(),
             state: if self.pool.is_stopping() {
                 "stopping"
+            } else if self.pool.degraded() {
+                "degraded"
             } else {
                 "serving"
             }
@@ -105,7 +129,35 @@ impl AdminState {
             busy_ratio: load.busy_ratio,
             workers,
             uptime_ms: self.started.elapsed().as_millis() as u64,
+            gpu_backend: self.gpus.backend().to_string(),
+            gpus: self.gpu_status(),
         }
+    }
+
+    fn gpu_status(&self) -> Vec<GpuStatus> {
+        let samples = self.gpus.sample();
+        self.gpus
+            .devices()
+            .into_iter()
+            .map(|d| {
+                let s = samples
+                    .iter()
+                    .find(|s| s.index == d.index)
+                    .cloned()
+                    .unwrap_or_default();
+                GpuStatus {
+                    index: d.index,
+                    uuid: d.uuid,
+                    name: d.name,
+                    memory_total_bytes: d.memory_total_bytes,
+                    utilization_pct: s.utilization_pct,
+                    memory_used_bytes: s.memory_used_bytes,
+                    temperature_c: s.temperature_c,
+                    power_mw: s.power_mw,
+                    ecc_uncorrected: s.ecc_uncorrected,
+                }
+            })
+            .collect()
     }
 }
 
@@ -113,5 +165,59 @@ impl AdminState {
 impl Admin for AdminState {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(AdminState::status(self)))
+    }
+
+    async fn restart_worker(
+        &self,
+        req: Request<RestartWorkerRequest>,
+    ) -> Result<Response<RestartWorkerResponse>, Status> {
+        let id = &req.get_ref().worker;
+        let worker = self
+            .pool
+            .workers()
+            .iter()
+            .find(|w| w.id() == id)
+            .ok_or_else(|| Status::not_found(format!("no worker '{id}' on this node")))?;
+        tracing::info!(worker = %id, "restart requested through the admin API");
+        worker.report(Input::Sentinel(Event::Restart));
+        Ok(Response::new(RestartWorkerResponse {}))
+    }
+
+    async fn inject_gpu_event(
+        &self,
+        req: Request<InjectGpuEventRequest>,
+    ) -> Result<Response<InjectGpuEventResponse>, Status> {
+        let req = req.into_inner();
+        let kind = match req.kind {
+            Some(inject_gpu_event_request::Kind::Xid(code)) => GpuEventKind::Xid(code),
+            Some(inject_gpu_event_request::Kind::EccDoubleBit(true)) => GpuEventKind::EccDoubleBit,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "give an xid or ecc_double_bit = true",
+                ));
+            }
+        };
+        let event = GpuEvent {
+            index: req.gpu,
+            kind,
+        };
+        match self.gpus.inject(event) {
+            Ok(()) => {
+                tracing::warn!(
+                    gpu = req.gpu,
+                    ?kind,
+                    "GPU event injected through the admin API"
+                );
+                Ok(Response::new(InjectGpuEventResponse {}))
+            }
+            Err(GpuError::NotSupported(_)) => Err(Status::failed_precondition(format!(
+                "GPU events can only be injected into the fake backend; this agent runs '{}' (set gpu.backend = \"fake\")",
+                self.gpus.backend()
+            ))),
+            Err(GpuError::UnknownDevice(i)) => {
+                Err(Status::not_found(format!("no GPU {i} on this node")))
+            }
+            Err(e) => Err(Status::internal(e.to_string())),
+        }
     }
 }

@@ -13,11 +13,13 @@ use tonic::transport::server::TcpIncoming;
 use crate::admin::{self, AdminState};
 use crate::config::AgentConfig;
 use crate::front::Front;
+use crate::gpu;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::supervisor::{self, Context};
 use crate::trailer::LoadReportLayer;
-use crate::worker::Worker;
+use crate::worker::{Input, Worker};
+use infermesh_gpu::{GpuTelemetry, XidClassifier};
 
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,25 @@ pub enum RunError {
     Serve(#[from] tonic::transport::Error),
 }
 
+/// Opens the configured GPU telemetry; on failure logs one line and runs
+/// without it.
+fn open_gpu_telemetry(cfg: &AgentConfig) -> Arc<dyn GpuTelemetry> {
+    match infermesh_gpu::open(cfg.gpu_backend, cfg.fake_gpus) {
+        Ok(t) => {
+            tracing::info!(
+                backend = t.backend(),
+                devices = t.devices().len(),
+                "GPU telemetry"
+            );
+            t
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "GPU telemetry off: the configured backend could not be opened");
+            Arc::new(infermesh_gpu::NoTelemetry)
+        }
+    }
+}
+
 /// Runs an agent until `shutdown` resolves, then shuts down gracefully:
 /// readiness turns false, no new connections are accepted, in-flight requests
 /// finish (bounded by `shutdown_grace`), workers get SIGTERM (SIGKILL after
@@ -56,33 +77,60 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         admin_listener.local_addr().unwrap_or(cfg.admin_listen),
     );
 
-    let workers: Vec<_> = cfg.workers.iter().cloned().map(Worker::new).collect();
+    let (workers, inputs): (Vec<_>, Vec<_>) = cfg.workers.iter().cloned().map(Worker::new).unzip();
     let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
     let metrics = Arc::new(Metrics::new());
+    let patterns = Arc::new(cfg.fault_patterns.clone());
+    let gpus = open_gpu_telemetry(&cfg);
     let ctx = Context {
         pool: Arc::clone(&pool),
         metrics: Arc::clone(&metrics),
         max_message_bytes: cfg.max_message_bytes,
+        patterns: Arc::clone(&patterns),
+        sentinel: cfg.sentinel.clone(),
+        probe_interval: cfg.probe_interval,
+        probe_timeout: cfg.probe_timeout,
     };
-    let (stop_workers, stop_rx) = watch::channel(false);
+    // Seeds only the backoff jitter; different per agent start and per worker.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let supervisors: Vec<_> = pool
         .workers()
         .iter()
-        .map(|w| {
+        .zip(inputs)
+        .enumerate()
+        .map(|(i, (w, rx))| {
             tokio::spawn(supervisor::supervise(
                 Arc::clone(w),
                 ctx.clone(),
-                stop_rx.clone(),
+                rx,
+                seed ^ i as u64,
             ))
         })
         .collect();
+    let gpu_watch = tokio::spawn(gpu::watch(
+        Arc::clone(&gpus),
+        XidClassifier::new(cfg.xid_policy.clone()),
+        Arc::clone(&pool),
+        Arc::clone(&metrics),
+    ));
+    let stop_workers = || {
+        for w in pool.workers() {
+            w.report(Input::Stop);
+        }
+    };
 
     let (stop_serving, mut serving_rx) = watch::channel(false);
     let oip = {
-        let front =
-            GrpcInferenceServiceServer::new(Front::new(Arc::clone(&pool), Arc::clone(&metrics)))
-                .max_decoding_message_size(cfg.max_message_bytes)
-                .max_encoding_message_size(cfg.max_message_bytes);
+        let front = GrpcInferenceServiceServer::new(Front::new(
+            Arc::clone(&pool),
+            Arc::clone(&metrics),
+            Arc::clone(&patterns),
+        ))
+        .max_decoding_message_size(cfg.max_message_bytes)
+        .max_encoding_message_size(cfg.max_message_bytes);
         let mut rx = serving_rx.clone();
         let server = tonic::transport::Server::builder()
             .initial_stream_window_size(Some(4 << 20))
@@ -103,6 +151,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),
             started,
+            gpus: Arc::clone(&gpus),
         };
         let mut rx = serving_rx.clone();
         let server =
@@ -118,7 +167,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         _ = shutdown => {}
         result = &mut oip => {
             // The OIP server ended on its own: that is fatal.
-            let _ = stop_workers.send(true);
+            stop_workers();
+            gpu_watch.abort();
             for s in supervisors { let _ = s.await; }
             return match result {
                 Ok(Ok(())) => Ok(()),
@@ -143,10 +193,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             oip.abort();
         }
     }
-    let _ = stop_workers.send(true);
+    stop_workers();
     for s in supervisors {
         let _ = s.await;
     }
+    gpu_watch.abort();
     let _ = admin.await;
     tracing::info!("agent stopped");
     Ok(())

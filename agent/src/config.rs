@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use infermesh_gpu::{Backend, XidAction, XidPolicy};
+use infermesh_sentinel::{FaultPatterns, SentinelConfig};
 use serde::Deserialize;
 
 /// The config file as written (all fields optional; defaults filled in by
@@ -32,6 +34,12 @@ pub struct RawConfig {
     /// Per-model queue.
     #[serde(default)]
     pub queue: RawQueue,
+    /// Fault detection and restart policy.
+    #[serde(default)]
+    pub sentinel: RawSentinel,
+    /// GPU telemetry and the Xid policy.
+    #[serde(default)]
+    pub gpu: RawGpu,
     /// Worker processes.
     #[serde(default)]
     pub workers: Vec<RawWorker>,
@@ -44,6 +52,60 @@ pub struct RawQueue {
     /// Requests that may wait per model for a worker slot; beyond it the
     /// agent answers RESOURCE_EXHAUSTED at once.
     pub capacity: Option<usize>,
+}
+
+/// `[sentinel]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    /// First crash-loop backoff (the first restart is immediate).
+    #[serde(default, with = "humantime_serde")]
+    pub backoff_base: Option<Duration>,
+    /// Longest crash-loop backoff.
+    #[serde(default, with = "humantime_serde")]
+    pub backoff_cap: Option<Duration>,
+    /// Time ready after which the crash-loop backoff resets.
+    #[serde(default, with = "humantime_serde")]
+    pub stable_period: Option<Duration>,
+    /// Interval of the liveness probe (ServerLive + ModelReady) on ready workers.
+    #[serde(default, with = "humantime_serde")]
+    pub probe_interval: Option<Duration>,
+    /// A probe not answered within this is a timeout (hang).
+    #[serde(default, with = "humantime_serde")]
+    pub probe_timeout: Option<Duration>,
+    /// Consecutive probe timeouts that count as a hang.
+    pub probe_failures: Option<u32>,
+    /// Internal errors from a worker within `error_window` that trigger a restart.
+    pub error_burst: Option<u32>,
+    /// Window of `error_burst`.
+    #[serde(default, with = "humantime_serde")]
+    pub error_window: Option<Duration>,
+    /// Replaces the default fault patterns (substrings of worker output lines).
+    pub fault_patterns: Option<Vec<String>>,
+    /// Added to the fault patterns.
+    #[serde(default)]
+    pub extra_fault_patterns: Vec<String>,
+}
+
+/// `[gpu]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    /// `auto` (NVML if the driver is there, else off), `nvml`, `fake`, `off`.
+    pub backend: Option<String>,
+    /// Devices of the fake backend.
+    pub fake_devices: Option<u32>,
+    /// Xid code → action (`restart_worker`, `quarantine_gpu`,
+    /// `quarantine_above_rate`, `ignore`), overriding the built-in table.
+    #[serde(default)]
+    pub xid: BTreeMap<String, String>,
+    /// Action for Xid codes not in the table. Default `ignore` (logged, counted).
+    pub unknown_xid: Option<String>,
+    /// `quarantine_above_rate`: this many events ...
+    pub xid_rate_count: Option<u32>,
+    /// ... within this window quarantine the GPU.
+    #[serde(default, with = "humantime_serde")]
+    pub xid_rate_window: Option<Duration>,
 }
 
 /// `[[workers]]`.
@@ -92,6 +154,21 @@ pub struct AgentConfig {
     pub queue_capacity: usize,
     /// Runtime threads; `None` = one per core.
     pub threads: Option<usize>,
+    /// Sentinel policy shared by all workers (startup timeout and kill grace
+    /// are per worker and set from the worker's spec).
+    pub sentinel: SentinelConfig,
+    /// Liveness probe interval.
+    pub probe_interval: Duration,
+    /// Liveness probe timeout.
+    pub probe_timeout: Duration,
+    /// Fault patterns matched against worker output.
+    pub fault_patterns: FaultPatterns,
+    /// GPU telemetry backend.
+    pub gpu_backend: Backend,
+    /// Devices of the fake backend.
+    pub fake_gpus: u32,
+    /// Xid policy.
+    pub xid_policy: XidPolicy,
     /// Workers.
     pub workers: Vec<WorkerSpec>,
 }
@@ -128,6 +205,8 @@ const DEFAULT_MAX_INFLIGHT: usize = 64;
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// Every problem found in a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +264,17 @@ impl AgentConfig {
         }
         if raw.workers.is_empty() {
             problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
+        }
+        let sentinel = sentinel_config(&raw.sentinel, &mut problems);
+        let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
+        let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
+        let probe_interval = raw
+            .sentinel
+            .probe_interval
+            .unwrap_or(DEFAULT_PROBE_INTERVAL);
+        let probe_timeout = raw.sentinel.probe_timeout.unwrap_or(DEFAULT_PROBE_TIMEOUT);
+        if probe_interval.is_zero() || probe_timeout.is_zero() {
+            problems.push("sentinel: probe_interval and probe_timeout must be above zero".into());
         }
         let mut workers = Vec::new();
         for (i, w) in raw.workers.into_iter().enumerate() {
@@ -248,11 +338,102 @@ impl AgentConfig {
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
                 queue_capacity,
                 threads: raw.threads,
+                sentinel,
+                probe_interval,
+                probe_timeout,
+                fault_patterns,
+                gpu_backend,
+                fake_gpus: raw.gpu.fake_devices.unwrap_or(2),
+                xid_policy,
                 workers,
             }),
             _ => Err(ConfigError(problems)),
         }
     }
+}
+
+fn sentinel_config(raw: &RawSentinel, problems: &mut Vec<String>) -> SentinelConfig {
+    let d = SentinelConfig::default();
+    let cfg = SentinelConfig {
+        backoff_base: raw.backoff_base.unwrap_or(d.backoff_base),
+        backoff_cap: raw.backoff_cap.unwrap_or(d.backoff_cap),
+        stable_period: raw.stable_period.unwrap_or(d.stable_period),
+        error_burst: raw.error_burst.unwrap_or(d.error_burst),
+        error_window: raw.error_window.unwrap_or(d.error_window),
+        probe_failure_threshold: raw.probe_failures.unwrap_or(d.probe_failure_threshold),
+        ..d
+    };
+    if cfg.backoff_cap < cfg.backoff_base {
+        problems.push("sentinel: backoff_cap is below backoff_base".into());
+    }
+    if cfg.error_burst == 0 || cfg.probe_failure_threshold == 0 {
+        problems.push("sentinel: error_burst and probe_failures must be at least 1".into());
+    }
+    cfg
+}
+
+fn fault_patterns(raw: &RawSentinel, problems: &mut Vec<String>) -> FaultPatterns {
+    let mut list: Vec<String> = match &raw.fault_patterns {
+        Some(list) => list.clone(),
+        None => FaultPatterns::default_patterns()
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
+    };
+    list.extend(raw.extra_fault_patterns.iter().cloned());
+    FaultPatterns::new(list).unwrap_or_else(|e| {
+        problems.push(format!("sentinel.fault_patterns: {e}"));
+        FaultPatterns::defaults()
+    })
+}
+
+fn xid_action(name: &str) -> Option<XidAction> {
+    Some(match name {
+        "restart_worker" => XidAction::RestartWorker,
+        "quarantine_gpu" => XidAction::QuarantineGpu,
+        "quarantine_above_rate" => XidAction::QuarantineAboveRate,
+        "ignore" => XidAction::Ignore,
+        _ => return None,
+    })
+}
+
+fn gpu_config(raw: &RawGpu, problems: &mut Vec<String>) -> (Backend, XidPolicy) {
+    let backend = match raw.backend.as_deref().unwrap_or("auto").parse::<Backend>() {
+        Ok(b) => b,
+        Err(_) => {
+            problems.push(format!(
+                "gpu.backend: '{}' is not one of auto, nvml, fake, off",
+                raw.backend.as_deref().unwrap_or_default()
+            ));
+            Backend::Off
+        }
+    };
+    let actions = "restart_worker, quarantine_gpu, quarantine_above_rate, ignore";
+    let mut overrides = Vec::new();
+    for (code, action) in &raw.xid {
+        match (code.parse::<u32>(), xid_action(action)) {
+            (Ok(c), Some(a)) => overrides.push((c, a)),
+            (Err(_), _) => problems.push(format!("gpu.xid: '{code}' is not an Xid number")),
+            (_, None) => problems.push(format!(
+                "gpu.xid.{code}: '{action}' is not one of {actions}"
+            )),
+        }
+    }
+    let unknown = match raw.unknown_xid.as_deref().map(xid_action) {
+        None => XidAction::Ignore,
+        Some(Some(a)) => a,
+        Some(None) => {
+            problems.push(format!("gpu.unknown_xid: expected one of {actions}"));
+            XidAction::Ignore
+        }
+    };
+    let policy = XidPolicy::new(
+        &overrides,
+        unknown,
+        raw.xid_rate_count.unwrap_or(3),
+        raw.xid_rate_window.unwrap_or(Duration::from_secs(60)),
+    );
+    (backend, policy)
 }
 
 fn default_node_id() -> String {
@@ -313,6 +494,48 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing '{needle}' in {text}");
         }
+    }
+
+    #[test]
+    fn sentinel_and_gpu_sections_are_checked() {
+        let raw = RawConfig::from_toml(
+            r#"
+            [sentinel]
+            backoff_base = "10s"
+            backoff_cap = "1s"
+            fault_patterns = [""]
+            [gpu]
+            backend = "quantum"
+            xid = { "79" = "explode", "x" = "ignore" }
+            [[workers]]
+            command = "w"
+            "#,
+        )
+        .unwrap();
+        let text = AgentConfig::from_raw(raw).unwrap_err().to_string();
+        for needle in [
+            "backoff_cap",
+            "fault_patterns",
+            "gpu.backend",
+            "gpu.xid.79",
+            "'x' is not an Xid",
+        ] {
+            assert!(text.contains(needle), "missing '{needle}' in {text}");
+        }
+    }
+
+    #[test]
+    fn extra_fault_patterns_extend_the_defaults() {
+        let raw = RawConfig::from_toml(
+            "[sentinel]\nextra_fault_patterns = [\"MY_FATAL\"]\n[[workers]]\ncommand = \"w\"\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::from_raw(raw).unwrap();
+        assert_eq!(
+            cfg.fault_patterns.find("boom MY_FATAL here"),
+            Some("MY_FATAL")
+        );
+        assert!(cfg.fault_patterns.find("CUDA error: x").is_some());
     }
 
     #[test]

@@ -25,19 +25,25 @@ use crate::deadline::request_timeout;
 use crate::error::AgentError;
 use crate::metrics::Metrics;
 use crate::pool::{Lease, Pool};
-use crate::worker::Worker;
+use crate::worker::{Input, Worker};
+use infermesh_sentinel::{Event, FaultPatterns};
 
 /// The OIP service an agent serves.
 #[derive(Clone)]
 pub struct Front {
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
+    patterns: Arc<FaultPatterns>,
 }
 
 impl Front {
     /// A front over `pool`.
-    pub fn new(pool: Arc<Pool>, metrics: Arc<Metrics>) -> Self {
-        Self { pool, metrics }
+    pub fn new(pool: Arc<Pool>, metrics: Arc<Metrics>, patterns: Arc<FaultPatterns>) -> Self {
+        Self {
+            pool,
+            metrics,
+            patterns,
+        }
     }
 
     /// A client to a ready worker hosting `model`, for calls that take no slot.
@@ -72,9 +78,34 @@ impl Front {
             .ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
         validate_request(&req, &meta).map_err(AgentError::from)?;
         let lease = ticket.dispatch(&req.model_name, deadline).await?;
-        let resp = forward(&lease, req, deadline).await?;
+        let resp = forward(&lease, req, deadline)
+            .await
+            .map_err(|s| self.worker_failed(lease.worker(), s))?;
         drop(ticket);
         Ok(resp)
+    }
+
+    /// Tells the worker's sentinel about an internal error and decides what
+    /// the caller sees. An error naming a fatal GPU fault (the worker's CUDA
+    /// context is gone, e.g. Triton after an illegal address) is reported as
+    /// a fault and answered UNAVAILABLE, so the client retries elsewhere.
+    fn worker_failed(&self, worker: &Worker, s: Status) -> Status {
+        if !matches!(s.code(), Code::Internal | Code::Unknown) {
+            return s;
+        }
+        if let Some(pattern) = self.patterns.find(s.message()) {
+            worker.report(Input::Sentinel(Event::FaultLine {
+                pattern: pattern.to_string(),
+                line: s.message().to_string(),
+            }));
+            return AgentError::WorkerUnreachable {
+                worker: worker.id().to_string(),
+                reason: format!("worker failed: {}", s.message()),
+            }
+            .into();
+        }
+        worker.report(Input::Sentinel(Event::RequestError));
+        s
     }
 }
 
@@ -193,10 +224,7 @@ impl infermesh_proto::GrpcInferenceService for Front {
         // Sum what every ready worker reports, per model.
         let mut merged: HashMap<String, ModelStatistics> = HashMap::new();
         for w in self.pool.workers() {
-            let Some(p) = w
-                .process()
-                .filter(|_| w.state() == crate::worker::WorkerState::Ready)
-            else {
+            let Some(p) = w.process().filter(|_| w.routable()) else {
                 continue;
             };
             let mut client = p.client;

@@ -8,7 +8,10 @@
 //!
 //! - [`config`]: TOML / flag configuration, checked.
 //! - [`spawn`], [`supervisor`]: running workers (ports, env, process groups,
-//!   death with the agent, output capture, readiness).
+//!   death with the agent, output capture with fault patterns, probes) and
+//!   carrying out what each worker's sentinel decides (restart, backoff,
+//!   quarantine).
+//! - [`gpu`]: GPU Xid events → the Xid policy → the workers on that GPU.
 //! - [`pool`]: admission, least-in-flight dispatch, the bounded per-model queue.
 //! - [`front`]: the OIP service; [`trailer`]: the load report on each response.
 //! - [`admin`], [`metrics`]: `/metrics`, `/livez`, `/readyz`, admin gRPC.
@@ -25,6 +28,7 @@ pub mod config;
 pub mod deadline;
 pub mod error;
 pub mod front;
+pub mod gpu;
 pub mod metrics;
 pub mod pdeathsig;
 pub mod pool;

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::pool::Pool;
-use crate::worker::WorkerState;
+use infermesh_sentinel::State;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -29,6 +29,9 @@ pub struct Metrics {
     weight: Gauge<f64, AtomicU64>,
     worker_state: Family<Labels, Gauge>,
     worker_exits: Family<Labels, Counter>,
+    worker_restarts: Family<Labels, Counter>,
+    worker_faults: Family<Labels, Counter>,
+    gpu_xids: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -52,6 +55,9 @@ impl Metrics {
         let weight = Gauge::<f64, AtomicU64>::default();
         let worker_state = Family::<Labels, Gauge>::default();
         let worker_exits = Family::<Labels, Counter>::default();
+        let worker_restarts = Family::<Labels, Counter>::default();
+        let worker_faults = Family::<Labels, Counter>::default();
+        let gpu_xids = Family::<Labels, Counter>::default();
         registry.register(
             "requests",
             "Inference requests answered, by model and gRPC code",
@@ -84,7 +90,7 @@ impl Metrics {
         );
         registry.register(
             "worker_state",
-            "1 for the state each worker is in (starting, ready, exited)",
+            "1 for the sentinel state each worker is in",
             worker_state.clone(),
         );
         registry.register(
@@ -102,6 +108,9 @@ impl Metrics {
             weight,
             worker_state,
             worker_exits,
+            worker_restarts,
+            worker_faults,
+            gpu_xids,
         }
     }
 
@@ -123,6 +132,34 @@ impl Metrics {
             .inc();
     }
 
+    /// Records a restart the sentinel scheduled.
+    pub fn worker_restarted(&self, worker: &str, reason: &str) {
+        let labels = vec![
+            ("worker", worker.to_string()),
+            ("reason", reason.to_string()),
+        ];
+        self.worker_restarts.get_or_create(&labels).inc();
+    }
+
+    /// Records a fault the sentinel detected.
+    pub fn worker_fault(&self, worker: &str, reason: &str) {
+        let labels = vec![
+            ("worker", worker.to_string()),
+            ("reason", reason.to_string()),
+        ];
+        self.worker_faults.get_or_create(&labels).inc();
+    }
+
+    /// Records a GPU Xid event and its verdict.
+    pub fn gpu_xid(&self, gpu: u32, xid: u32, verdict: &str) {
+        let labels = vec![
+            ("gpu", gpu.to_string()),
+            ("xid", xid.to_string()),
+            ("verdict", verdict.to_string()),
+        ];
+        self.gpu_xids.get_or_create(&labels).inc();
+    }
+
     /// Refreshes the live gauges from `pool` and encodes everything.
     pub fn render(&self, pool: &Pool) -> String {
         let load = pool.load();
@@ -131,11 +168,7 @@ impl Metrics {
         self.busy.set(load.busy_ratio);
         self.weight.set(load.weight);
         for w in pool.workers() {
-            for s in [
-                WorkerState::Starting,
-                WorkerState::Ready,
-                WorkerState::Exited,
-            ] {
+            for s in State::ALL {
                 let labels = vec![
                     ("worker", w.id().to_string()),
                     ("state", s.as_str().to_string()),

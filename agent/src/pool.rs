@@ -20,7 +20,9 @@ use tokio::sync::Notify;
 
 use crate::busy::BusyWindow;
 use crate::error::AgentError;
-use crate::worker::{Process, Worker, WorkerState};
+use infermesh_sentinel::State;
+
+use crate::worker::{Process, Worker};
 
 /// All workers of this agent.
 #[derive(Debug)]
@@ -98,7 +100,7 @@ impl Pool {
             .cycle()
             .skip(offset)
             .take(n)
-            .filter(|w| w.state() == WorkerState::Ready && w.hosts(model))
+            .filter(|w| w.routable() && w.hosts(model))
             .collect();
         if ready.is_empty() {
             return self.none_ready(model);
@@ -117,7 +119,7 @@ impl Pool {
         let unknown = self
             .workers
             .iter()
-            .any(|w| w.models().is_none() && w.state() != WorkerState::Exited);
+            .any(|w| w.models().is_none() && w.state() != State::Quarantined);
         if hosted || unknown {
             Pick::NoneReady
         } else {
@@ -157,14 +159,19 @@ impl Pool {
     pub fn any_ready_for(&self, model: &str) -> Option<Arc<Worker>> {
         self.workers
             .iter()
-            .filter(|w| w.state() == WorkerState::Ready && w.hosts(model))
+            .filter(|w| w.routable() && w.hosts(model))
             .min_by_key(|w| w.in_flight())
             .cloned()
     }
 
+    /// Whether a GPU fault quarantined any worker (the node is degraded).
+    pub fn degraded(&self) -> bool {
+        self.workers.iter().any(|w| w.state() == State::Quarantined)
+    }
+
     /// Whether any worker is ready.
     pub fn any_ready(&self) -> bool {
-        self.workers.iter().any(|w| w.state() == WorkerState::Ready)
+        self.workers.iter().any(|w| w.routable())
     }
 
     /// Whether `model` has a ready worker.
@@ -177,7 +184,7 @@ impl Pool {
         let mut out: Vec<(String, bool)> = Vec::new();
         for w in &self.workers {
             for m in w.models().iter().flat_map(|m| m.iter()) {
-                let ready = w.state() == WorkerState::Ready;
+                let ready = w.routable();
                 match out.iter_mut().find(|(n, _)| n == m) {
                     Some(e) => e.1 |= ready,
                     None => out.push((m.clone(), ready)),
@@ -187,16 +194,12 @@ impl Pool {
         out
     }
 
-    /// Configured weight × share of workers ready.
+    /// Configured weight × share of workers routable.
     pub fn weight(&self) -> f64 {
         if self.workers.is_empty() {
             return 0.0;
         }
-        let ready = self
-            .workers
-            .iter()
-            .filter(|w| w.state() == WorkerState::Ready)
-            .count();
+        let ready = self.workers.iter().filter(|w| w.routable()).count();
         self.weight * ready as f64 / self.workers.len() as f64
     }
 
@@ -346,7 +349,7 @@ mod tests {
     use std::time::Duration;
 
     fn worker(id: &str, models: &[&str], max_inflight: usize) -> Arc<Worker> {
-        Worker::new(WorkerSpec {
+        let (w, _inputs) = Worker::new(WorkerSpec {
             id: id.into(),
             command: "x".into(),
             argv: vec!["x".into()],
@@ -356,14 +359,15 @@ mod tests {
             max_inflight,
             startup_timeout: Duration::from_secs(1),
             stop_grace: Duration::from_secs(1),
-        })
+        });
+        w
     }
 
     #[tokio::test]
     async fn picks_least_loaded_ready_worker() {
         let (a, b) = (worker("a", &["m"], 4), worker("b", &["m"], 4));
-        a.set_state(WorkerState::Ready);
-        b.set_state(WorkerState::Ready);
+        a.set_routable(true);
+        b.set_routable(true);
         let pool = Pool::new(vec![a.clone(), b.clone()], 1.0, 4);
         let t = pool.admit();
         let l1 = t.dispatch("m", None).await.unwrap();
@@ -377,7 +381,7 @@ mod tests {
     #[tokio::test]
     async fn never_routes_to_starting_or_exited_workers() {
         let (a, b) = (worker("a", &["m"], 4), worker("b", &["m"], 4));
-        a.set_state(WorkerState::Exited);
+        a.set_state(State::Failed);
         let pool = Pool::new(vec![a, b], 1.0, 4);
         let t = pool.admit();
         assert!(matches!(
@@ -393,7 +397,7 @@ mod tests {
     #[tokio::test]
     async fn full_queue_is_refused_and_queued_request_gets_the_freed_slot() {
         let a = worker("a", &["m"], 1);
-        a.set_state(WorkerState::Ready);
+        a.set_routable(true);
         let pool = Pool::new(vec![a], 1.0, 1);
         let t = pool.admit();
         let busy = t.dispatch("m", None).await.unwrap();
@@ -422,7 +426,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn deadline_ends_the_wait_in_queue() {
         let a = worker("a", &["m"], 1);
-        a.set_state(WorkerState::Ready);
+        a.set_routable(true);
         let pool = Pool::new(vec![a], 1.0, 8);
         let t = pool.admit();
         let _busy = t.dispatch("m", None).await.unwrap();
@@ -436,7 +440,7 @@ mod tests {
     #[test]
     fn weight_scales_with_ready_share() {
         let (a, b) = (worker("a", &["m"], 1), worker("b", &["m"], 1));
-        a.set_state(WorkerState::Ready);
+        a.set_routable(true);
         let pool = Pool::new(vec![a, b], 2.0, 1);
         assert_eq!(pool.weight(), 1.0);
     }

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::worker::Worker;
+use infermesh_sentinel::{Event, FaultPatterns};
+
+use crate::worker::{Input, Worker};
 
 /// Placeholder in a worker's command line for its port.
 pub const PORT_PLACEHOLDER: &str = "{port}";
@@ -39,8 +41,9 @@ pub struct Spawned {
     pub address: SocketAddr,
 }
 
-/// Spawns `worker`'s process.
-pub fn spawn(worker: &Arc<Worker>) -> io::Result<Spawned> {
+/// Spawns `worker`'s process; output lines matching `patterns` are
+/// reported to the worker's sentinel as faults.
+pub fn spawn(worker: &Arc<Worker>, patterns: &Arc<FaultPatterns>) -> io::Result<Spawned> {
     let spec = &worker.spec;
     let port = free_port()?;
     let argv: Vec<String> = spec
@@ -74,10 +77,10 @@ pub fn spawn(worker: &Arc<Worker>) -> io::Result<Spawned> {
     let mut child = cmd.spawn()?;
     let pid = child.id().unwrap_or_default();
     if let Some(out) = child.stdout.take() {
-        forward_lines(Arc::clone(worker), "stdout", out);
+        forward_lines(Arc::clone(worker), Arc::clone(patterns), "stdout", out);
     }
     if let Some(err) = child.stderr.take() {
-        forward_lines(Arc::clone(worker), "stderr", err);
+        forward_lines(Arc::clone(worker), Arc::clone(patterns), "stderr", err);
     }
     Ok(Spawned {
         child,
@@ -118,6 +121,7 @@ fn is_executable(p: &Path) -> bool {
 
 fn forward_lines(
     worker: Arc<Worker>,
+    patterns: Arc<FaultPatterns>,
     stream: &'static str,
     reader: impl AsyncRead + Unpin + Send + 'static,
 ) {
@@ -126,7 +130,15 @@ fn forward_lines(
         loop {
             match lines.next_line().await {
                 Ok(Some(line)) => {
-                    tracing::info!(target: "infermesh::worker", worker = %worker.id(), stream, "{line}");
+                    if let Some(pattern) = patterns.find(&line) {
+                        tracing::error!(target: "infermesh::worker", worker = %worker.id(), stream, pattern, "{line}");
+                        worker.report(Input::Sentinel(Event::FaultLine {
+                            pattern: pattern.to_string(),
+                            line: line.clone(),
+                        }));
+                    } else {
+                        tracing::info!(target: "infermesh::worker", worker = %worker.id(), stream, "{line}");
+                    }
                     worker.push_output(line);
                 }
                 Ok(None) => break,
@@ -143,7 +155,12 @@ fn forward_lines(
 /// How a process ended, in words for logs and the admin API.
 pub fn describe_exit(status: &std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
+    describe(status.code(), status.signal())
+}
+
+/// Words for an exit code or signal.
+pub fn describe(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(sig)) => match nix::sys::signal::Signal::try_from(sig) {
             Ok(s) => format!("signal {sig} ({})", s.as_str()),

@@ -1,9 +1,18 @@
-//! Runs one worker: spawn, wait until ready, watch until it exits or the
-//! agent stops it.
+//! The driver of one worker: it feeds the worker's [`Sentinel`] with what
+//! happens (process exits, fault lines, probe results, GPU faults, request
+//! errors, operator requests, time) and carries out the actions it returns
+//! (stop/resume routing, SIGTERM → SIGKILL, spawn). All policy is in the
+//! sentinel; this file only does I/O.
 //!
-//! Restart policy is the sentinel's job (a later issue); for now a worker
-//! that exits is logged, marked `exited`, and gets no more traffic.
+//! Probing: while the worker starts, `ServerLive`, its models (learned with
+//! `RepositoryIndex` when not configured), `ModelReady` and `ModelMetadata`
+//! are polled every 25 ms until ready. Once ready, a liveness probe
+//! (`ServerLive` + `ModelReady`) runs every `probe_interval`; one not
+//! answered within `probe_timeout` is reported as a timeout (a hang).
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,23 +20,24 @@ use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::{
     ModelMetadataRequest, ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest,
 };
+use infermesh_sentinel::{Action, Event, FaultPatterns, Notice, Sentinel, SentinelConfig, State};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Child;
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::metrics::Metrics;
 use crate::pool::Pool;
-use crate::spawn::{self, describe_exit};
-use crate::worker::{Process, Worker, WorkerState};
+use crate::spawn::{self, describe};
+use crate::worker::{Input, Process, Worker};
 
 /// Interval between readiness probes while a worker starts.
 const READY_POLL: Duration = Duration::from_millis(25);
-/// Timeout of one readiness probe.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Timeout of one startup readiness call.
+const STARTUP_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What the supervisor needs besides the worker.
+/// What a driver needs besides its worker.
 #[derive(Clone)]
 pub struct Context {
     /// The pool the worker belongs to.
@@ -36,82 +46,366 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Largest gRPC message.
     pub max_message_bytes: usize,
+    /// Fault patterns for worker output.
+    pub patterns: Arc<FaultPatterns>,
+    /// Sentinel policy (startup timeout and kill grace come from the worker spec).
+    pub sentinel: SentinelConfig,
+    /// Liveness probe interval.
+    pub probe_interval: Duration,
+    /// Liveness probe timeout.
+    pub probe_timeout: Duration,
 }
 
-/// Supervises `worker` until it exits or `stop` turns true.
-pub async fn supervise(worker: Arc<Worker>, ctx: Context, mut stop: watch::Receiver<bool>) {
-    let id = worker.id().to_string();
-    let mut spawned = match spawn::spawn(&worker) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(worker = %id, command = %worker.spec.command, error = %e, "cannot start worker");
-            exited(&worker, &ctx, format!("spawn failed: {e}"));
-            return;
-        }
+enum ProbeKind {
+    Startup,
+    Liveness,
+}
+
+struct ProbeResult {
+    generation: u64,
+    kind: ProbeKind,
+    ok: bool,
+}
+
+type ProbeFuture = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
+
+/// Runs `worker` until the agent sends [`Input::Stop`].
+pub async fn supervise(
+    worker: Arc<Worker>,
+    ctx: Context,
+    inputs: mpsc::Receiver<Input>,
+    seed: u64,
+) {
+    let config = SentinelConfig {
+        startup_timeout: worker.spec.startup_timeout,
+        kill_grace: worker.spec.stop_grace,
+        ..ctx.sentinel.clone()
     };
-    tracing::info!(worker = %id, pid = spawned.pid, address = %spawned.address, command = %worker.spec.command, "worker started");
-    let client = client(spawned.address, ctx.max_message_bytes);
-    worker.set_process(Some(Process {
-        pid: spawned.pid,
-        address: spawned.address,
-        client: client.clone(),
-    }));
+    let mut driver = Driver {
+        sentinel: Sentinel::new(config, seed),
+        worker,
+        ctx,
+        inputs,
+        child: None,
+        pid: None,
+        generation: 0,
+        spawned_at: None,
+        kill_at: None,
+        next_probe: None,
+        probe: None,
+    };
+    let actions = driver.sentinel.start(Instant::now());
+    driver.execute_all(actions);
+    driver.run().await;
+}
 
-    let started = Instant::now();
-    tokio::select! {
-        ready = wait_ready(&worker, &ctx, client) => match ready {
-            Ok(()) => {
-                worker.set_state(WorkerState::Ready);
-                ctx.pool.wake();
-                tracing::info!(worker = %id, models = ?worker.models().unwrap_or_default(), took_ms = started.elapsed().as_millis() as u64, "worker ready");
+struct Driver {
+    worker: Arc<Worker>,
+    ctx: Context,
+    sentinel: Sentinel,
+    inputs: mpsc::Receiver<Input>,
+    child: Option<Child>,
+    pid: Option<u32>,
+    /// Incremented per spawn, so a probe of an earlier process is ignored.
+    generation: u64,
+    spawned_at: Option<Instant>,
+    /// When to SIGKILL a process that got SIGTERM.
+    kill_at: Option<Instant>,
+    next_probe: Option<Instant>,
+    probe: Option<ProbeFuture>,
+}
+
+impl Driver {
+    async fn run(&mut self) {
+        loop {
+            let wake = [self.sentinel.poll_timeout(), self.kill_at, self.next_probe]
+                .into_iter()
+                .flatten()
+                .min();
+            tokio::select! {
+                input = self.inputs.recv() => match input {
+                    Some(Input::Sentinel(event)) => self.feed(event),
+                    Some(Input::Stop) | None => {
+                        self.stop().await;
+                        return;
+                    }
+                },
+                status = wait(&mut self.child) => {
+                    self.child = None;
+                    self.pid = None;
+                    self.worker.set_process(None);
+                    use std::os::unix::process::ExitStatusExt;
+                    let (code, signal) = status.map(|s| (s.code(), s.signal())).unwrap_or((None, None));
+                    let how = describe(code, signal);
+                    tracing::warn!(worker = %self.worker.id(), exit = %how, "worker exited");
+                    self.worker.record_exit(how.clone());
+                    self.worker.push_event("exited", how);
+                    self.ctx.metrics.worker_exited(self.worker.id());
+                    self.kill_at = None;
+                    self.feed(Event::Exited { code, signal });
+                }
+                result = poll_probe(&mut self.probe) => {
+                    self.probe = None;
+                    self.on_probe(result);
+                }
+                _ = sleep_until(wake) => self.on_timer(),
             }
-            Err(reason) => {
-                tracing::error!(worker = %id, %reason, "worker did not become ready; stopping it");
-                stop_process(&mut spawned.child, spawned.pid, worker.spec.stop_grace).await;
-                exited(&worker, &ctx, format!("not ready: {reason}"));
-                return;
-            }
-        },
-        status = spawned.child.wait() => {
-            let how = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
-            tracing::error!(worker = %id, exit = %how, "worker exited before it was ready");
-            exited(&worker, &ctx, how);
-            return;
-        }
-        _ = stopped(&mut stop) => {
-            stop_process(&mut spawned.child, spawned.pid, worker.spec.stop_grace).await;
-            exited(&worker, &ctx, "stopped by agent".into());
-            return;
         }
     }
 
-    tokio::select! {
-        status = spawned.child.wait() => {
-            let how = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
-            tracing::error!(worker = %id, exit = %how, "worker exited; no longer routing to it");
-            exited(&worker, &ctx, how);
+    fn feed(&mut self, event: Event) {
+        let actions = self.sentinel.handle(Instant::now(), event);
+        self.execute_all(actions);
+    }
+
+    fn execute_all(&mut self, actions: Vec<Action>) {
+        let mut queue = VecDeque::from(actions);
+        while let Some(action) = queue.pop_front() {
+            if let Some(event) = self.execute(action) {
+                queue.extend(self.sentinel.handle(Instant::now(), event));
+            }
         }
-        _ = stopped(&mut stop) => {
-            worker.set_state(WorkerState::Exited);
-            ctx.pool.wake();
-            stop_process(&mut spawned.child, spawned.pid, worker.spec.stop_grace).await;
-            exited(&worker, &ctx, "stopped by agent".into());
-            tracing::info!(worker = %id, "worker stopped");
+    }
+
+    /// Carries out one action; returns the event it produced, if any.
+    fn execute(&mut self, action: Action) -> Option<Event> {
+        let id = self.worker.id().to_string();
+        match action {
+            Action::StopRouting => {
+                self.worker.set_routable(false);
+                self.ctx.pool.wake();
+                self.worker.push_event("stop_routing", String::new());
+                tracing::warn!(worker = %id, "stopped routing to worker");
+            }
+            Action::ResumeRouting => {
+                self.worker.set_routable(true);
+                self.ctx.pool.wake();
+                self.worker.push_event("resume_routing", String::new());
+                tracing::info!(worker = %id, "routing to worker");
+            }
+            Action::Kill { grace } => {
+                if let Some(pid) = self.pid {
+                    signal_group(pid, Signal::SIGTERM);
+                    self.kill_at = Some(Instant::now() + grace);
+                    tracing::warn!(worker = %id, pid, ?grace, "stopping worker (SIGTERM, SIGKILL after grace)");
+                }
+            }
+            Action::Spawn => return Some(self.spawn()),
+            Action::SetState(state) => {
+                self.worker.set_state(state);
+                self.worker.push_event("state", state.as_str().to_string());
+                tracing::info!(worker = %id, state = state.as_str(), "worker state");
+                match state {
+                    State::Ready | State::Degraded | State::Draining => {
+                        if let Some(at) = self.spawned_at {
+                            self.worker.set_startup_ms(at.elapsed().as_millis() as u64);
+                        }
+                        if self.next_probe.is_none() && self.probe.is_none() {
+                            self.next_probe = Some(Instant::now() + self.ctx.probe_interval);
+                        }
+                    }
+                    _ => self.worker.set_startup_ms(0),
+                }
+            }
+            Action::Emit(notice) => self.notice(notice),
         }
+        None
+    }
+
+    fn notice(&mut self, notice: Notice) {
+        let id = self.worker.id().to_string();
+        match notice {
+            Notice::Fault { reason, detail } => {
+                tracing::error!(worker = %id, reason = reason.as_label(), %detail, "worker fault detected");
+                self.ctx.metrics.worker_fault(&id, reason.as_label());
+                self.worker
+                    .set_last_fault(format!("{}: {detail}", reason.as_label()));
+                self.worker
+                    .push_event("fault", format!("{}: {detail}", reason.as_label()));
+            }
+            Notice::Restart { reason, delay } => {
+                tracing::warn!(worker = %id, reason = reason.as_label(), ?delay, "restarting worker");
+                self.ctx.metrics.worker_restarted(&id, reason.as_label());
+                self.worker.count_restart();
+                self.worker
+                    .push_event("restart", format!("{} after {delay:?}", reason.as_label()));
+            }
+            Notice::Quarantine { xid, detail } => {
+                tracing::error!(
+                    worker = %id, xid, gpu = ?self.worker.spec.gpu, %detail,
+                    "GPU quarantined: not restarting the worker; the GPU needs a reset"
+                );
+                self.worker.set_last_fault(format!("xid {xid}: {detail}"));
+                self.worker
+                    .push_event("quarantine", format!("xid {xid}: {detail}"));
+            }
+            Notice::Recovered => {
+                tracing::info!(worker = %id, "worker recovered");
+                self.worker.push_event("recovered", String::new());
+            }
+            Notice::Stable => {
+                tracing::info!(worker = %id, "worker stable; crash-loop backoff reset");
+                self.worker.push_event("stable", String::new());
+            }
+        }
+    }
+
+    fn spawn(&mut self) -> Event {
+        let id = self.worker.id().to_string();
+        match spawn::spawn(&self.worker, &self.ctx.patterns) {
+            Ok(spawned) => {
+                tracing::info!(
+                    worker = %id, pid = spawned.pid, address = %spawned.address,
+                    command = %self.worker.spec.command, "worker started"
+                );
+                self.generation += 1;
+                self.pid = Some(spawned.pid);
+                self.child = Some(spawned.child);
+                self.spawned_at = Some(Instant::now());
+                self.worker.set_process(Some(Process {
+                    pid: spawned.pid,
+                    address: spawned.address,
+                    client: client(spawned.address, self.ctx.max_message_bytes),
+                }));
+                self.worker
+                    .push_event("spawned", format!("pid {}", spawned.pid));
+                self.probe = None;
+                self.next_probe = Some(Instant::now());
+                Event::Spawned
+            }
+            Err(e) => {
+                tracing::error!(worker = %id, command = %self.worker.spec.command, error = %e, "cannot start worker");
+                self.worker.record_exit(format!("spawn failed: {e}"));
+                Event::SpawnFailed {
+                    error: e.to_string(),
+                }
+            }
+        }
+    }
+
+    fn on_timer(&mut self) {
+        let now = Instant::now();
+        if self.kill_at.is_some_and(|t| t <= now) {
+            self.kill_at = None;
+            if let Some(pid) = self.pid {
+                tracing::warn!(worker = %self.worker.id(), pid, "worker ignored SIGTERM; sending SIGKILL");
+                signal_group(pid, Signal::SIGKILL);
+            }
+        }
+        if self.next_probe.is_some_and(|t| t <= now) {
+            self.next_probe = None;
+            self.start_probe();
+        }
+        self.feed(Event::Tick);
+    }
+
+    fn start_probe(&mut self) {
+        let Some(process) = self.worker.process().filter(|_| self.child.is_some()) else {
+            return;
+        };
+        let generation = self.generation;
+        let worker = Arc::clone(&self.worker);
+        let pool = Arc::clone(&self.ctx.pool);
+        let timeout = self.ctx.probe_timeout;
+        self.probe = match self.sentinel.state() {
+            State::Starting => Some(Box::pin(async move {
+                let ok = startup_ready(&worker, &pool, process.client).await;
+                ProbeResult {
+                    generation,
+                    kind: ProbeKind::Startup,
+                    ok,
+                }
+            })),
+            State::Ready | State::Degraded | State::Draining => Some(Box::pin(async move {
+                let ok = tokio::time::timeout(timeout, live(&worker, process.client))
+                    .await
+                    .unwrap_or(false);
+                ProbeResult {
+                    generation,
+                    kind: ProbeKind::Liveness,
+                    ok,
+                }
+            })),
+            _ => None,
+        };
+    }
+
+    fn on_probe(&mut self, result: ProbeResult) {
+        if result.generation != self.generation || self.child.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        match result.kind {
+            ProbeKind::Startup if result.ok => {
+                self.next_probe = Some(now + self.ctx.probe_interval);
+                self.feed(Event::BecameReady);
+            }
+            ProbeKind::Startup => {
+                if self.sentinel.state() == State::Starting {
+                    self.next_probe = Some(now + READY_POLL);
+                }
+            }
+            ProbeKind::Liveness => {
+                self.next_probe = Some(now + self.ctx.probe_interval);
+                if !result.ok {
+                    tracing::warn!(worker = %self.worker.id(), timeout = ?self.ctx.probe_timeout, "liveness probe failed");
+                }
+                self.feed(if result.ok {
+                    Event::ProbeOk
+                } else {
+                    Event::ProbeTimeout
+                });
+            }
+        }
+    }
+
+    /// The agent is stopping: no more traffic, SIGTERM, SIGKILL after grace.
+    async fn stop(&mut self) {
+        self.worker.set_routable(false);
+        self.ctx.pool.wake();
+        if let (Some(child), Some(pid)) = (self.child.as_mut(), self.pid) {
+            signal_group(pid, Signal::SIGTERM);
+            if tokio::time::timeout(self.worker.spec.stop_grace, child.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(worker = %self.worker.id(), pid, "worker ignored SIGTERM; sending SIGKILL");
+                signal_group(pid, Signal::SIGKILL);
+                let _ = child.wait().await;
+            }
+            self.worker.record_exit("stopped by agent".into());
+            self.worker.set_process(None);
+            tracing::info!(worker = %self.worker.id(), "worker stopped");
+        }
+        self.child = None;
     }
 }
 
-/// Resolves when the agent asks workers to stop.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    // A closed channel means the agent is gone: stop too.
-    let _ = stop.wait_for(|s| *s).await;
+fn signal_group(pid: u32, signal: Signal) {
+    if let Err(e) = killpg(Pid::from_raw(pid as i32), signal) {
+        tracing::debug!(pid, ?signal, error = %e, "signal to worker group failed (already gone?)");
+    }
 }
 
-fn exited(worker: &Worker, ctx: &Context, how: String) {
-    worker.set_state(WorkerState::Exited);
-    ctx.metrics.worker_exited(worker.id());
-    worker.record_exit(how);
-    ctx.pool.wake();
+async fn wait(child: &mut Option<Child>) -> std::io::Result<std::process::ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn poll_probe(probe: &mut Option<ProbeFuture>) -> ProbeResult {
+    match probe {
+        Some(p) => p.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn client(
@@ -130,43 +424,20 @@ fn client(
         .max_encoding_message_size(max_message_bytes)
 }
 
-/// Polls ServerLive and ModelReady until the worker and all its models are
-/// ready, learning its models (RepositoryIndex) and their metadata.
-async fn wait_ready(
+/// One startup readiness check: live, models known and ready, metadata cached.
+async fn startup_ready(
     worker: &Worker,
-    ctx: &Context,
+    pool: &Pool,
     mut client: GrpcInferenceServiceClient<Channel>,
-) -> Result<(), String> {
-    let deadline = tokio::time::Instant::now() + worker.spec.startup_timeout;
-    let probe = async {
-        loop {
-            match probe_ready(worker, ctx, &mut client).await {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(fatal) => return Err(fatal),
-            }
-            tokio::time::sleep(READY_POLL).await;
-        }
-    };
-    tokio::time::timeout_at(deadline, probe)
-        .await
-        .unwrap_or_else(|_| Err(format!("not ready after {:?}", worker.spec.startup_timeout)))
-}
-
-/// One readiness probe: `Ok(false)` means "not yet", `Err` means "never".
-async fn probe_ready(
-    worker: &Worker,
-    ctx: &Context,
-    client: &mut GrpcInferenceServiceClient<Channel>,
-) -> Result<bool, String> {
-    let call = |fut| tokio::time::timeout(PROBE_TIMEOUT, fut);
+) -> bool {
+    let call = |fut| tokio::time::timeout(STARTUP_CALL_TIMEOUT, fut);
     match call(client.server_live(ServerLiveRequest {})).await {
         Ok(Ok(r)) if r.get_ref().live => {}
-        _ => return Ok(false),
+        _ => return false,
     }
     if worker.models().is_none() {
         match tokio::time::timeout(
-            PROBE_TIMEOUT,
+            STARTUP_CALL_TIMEOUT,
             client.repository_index(RepositoryIndexRequest::default()),
         )
         .await
@@ -175,17 +446,18 @@ async fn probe_ready(
                 let models: Vec<String> =
                     r.into_inner().models.into_iter().map(|m| m.name).collect();
                 if models.is_empty() {
-                    return Ok(false);
+                    return false;
                 }
                 worker.set_models(models);
             }
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
-                return Err(
-                    "the worker does not list its models (RepositoryIndex); set `models` for it"
-                        .into(),
+                tracing::error!(
+                    worker = %worker.id(),
+                    "the worker does not list its models (RepositoryIndex); set `models` for it in the config"
                 );
+                return false;
             }
-            _ => return Ok(false),
+            _ => return false,
         }
     }
     let models = worker.models().unwrap_or_default();
@@ -194,9 +466,9 @@ async fn probe_ready(
             name: model.clone(),
             version: String::new(),
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, client.model_ready(req)).await {
+        match tokio::time::timeout(STARTUP_CALL_TIMEOUT, client.model_ready(req)).await {
             Ok(Ok(r)) if r.get_ref().ready => {}
-            _ => return Ok(false),
+            _ => return false,
         }
     }
     for model in models.iter() {
@@ -204,29 +476,29 @@ async fn probe_ready(
             name: model.clone(),
             version: String::new(),
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, client.model_metadata(req)).await {
-            Ok(Ok(r)) => ctx.pool.set_metadata(r.into_inner()),
-            Ok(Err(s)) => {
-                return Err(format!(
-                    "model '{model}' is ready but its metadata failed: {}",
-                    s.message()
-                ));
-            }
-            Err(_) => return Ok(false),
+        match tokio::time::timeout(STARTUP_CALL_TIMEOUT, client.model_metadata(req)).await {
+            Ok(Ok(r)) => pool.set_metadata(r.into_inner()),
+            _ => return false,
         }
     }
-    Ok(true)
+    true
 }
 
-/// SIGTERM to the worker's process group, SIGKILL after `grace`.
-pub async fn stop_process(child: &mut Child, pid: u32, grace: Duration) {
-    let group = Pid::from_raw(pid as i32);
-    if let Err(e) = killpg(group, Signal::SIGTERM) {
-        tracing::debug!(pid, error = %e, "SIGTERM to worker group failed (already gone?)");
+/// One liveness check: the server is live and its models are ready.
+async fn live(worker: &Worker, mut client: GrpcInferenceServiceClient<Channel>) -> bool {
+    match client.server_live(ServerLiveRequest {}).await {
+        Ok(r) if r.get_ref().live => {}
+        _ => return false,
     }
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        tracing::warn!(pid, ?grace, "worker ignored SIGTERM; sending SIGKILL");
-        let _ = killpg(group, Signal::SIGKILL);
-        let _ = child.wait().await;
+    for model in worker.models().unwrap_or_default().iter() {
+        let req = ModelReadyRequest {
+            name: model.clone(),
+            version: String::new(),
+        };
+        match client.model_ready(req).await {
+            Ok(r) if r.get_ref().ready => {}
+            _ => return false,
+        }
     }
+    true
 }

@@ -3,46 +3,55 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use infermesh_proto::GrpcInferenceServiceClient;
 use tonic::transport::Channel;
+
+use infermesh_sentinel::{Event, State};
+use tokio::sync::mpsc;
 
 use crate::config::WorkerSpec;
 
 /// Lines of worker output kept for the admin API.
 pub const OUTPUT_RING_LINES: usize = 200;
 
-/// Where a worker is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum WorkerState {
-    /// Spawned, not ready yet: gets no traffic.
-    Starting = 0,
-    /// Live and its models ready: gets traffic.
-    Ready = 1,
-    /// The process ended (or never became ready): gets no traffic.
-    Exited = 2,
+/// Events kept per worker for the admin API.
+pub const EVENT_RING: usize = 64;
+
+/// Something the sentinel did or saw, stamped with wall-clock time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerEvent {
+    /// Microseconds since the Unix epoch.
+    pub unix_micros: u64,
+    /// `fault`, `stop_routing`, `resume_routing`, `restart`, `quarantine`,
+    /// `spawned`, `ready`, `exited`, `stable`.
+    pub kind: &'static str,
+    /// Details.
+    pub detail: String,
 }
 
-impl WorkerState {
-    /// Lower-case name used in the admin API and metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkerState::Starting => "starting",
-            WorkerState::Ready => "ready",
-            WorkerState::Exited => "exited",
-        }
-    }
+/// An input for the worker's driver, from anywhere in the agent.
+#[derive(Debug)]
+pub enum Input {
+    /// An event for the worker's sentinel.
+    Sentinel(Event),
+    /// The agent is stopping: stop the worker and end the driver.
+    Stop,
+}
 
-    fn from_u8(v: u8) -> Self {
-        match v {
-            0 => WorkerState::Starting,
-            1 => WorkerState::Ready,
-            _ => WorkerState::Exited,
-        }
-    }
+fn state_to_u8(s: State) -> u8 {
+    State::ALL.iter().position(|x| *x == s).unwrap_or(0) as u8
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
 }
 
 /// What is known about the running process once it is spawned.
@@ -63,30 +72,111 @@ pub struct Worker {
     /// How to run it.
     pub spec: WorkerSpec,
     state: AtomicU8,
+    routable: AtomicBool,
     in_flight: AtomicUsize,
     requests: AtomicU64,
     exits: AtomicU64,
+    restarts: AtomicU64,
+    startup_ms: AtomicU64,
     process: RwLock<Option<Process>>,
     models: RwLock<Option<Arc<[String]>>>,
     last_exit: Mutex<Option<String>>,
+    last_fault: Mutex<Option<String>>,
     output: Mutex<VecDeque<String>>,
+    events: Mutex<VecDeque<WorkerEvent>>,
+    inputs: mpsc::Sender<Input>,
 }
 
 impl Worker {
-    /// A worker not yet spawned. Models given in the spec are known at once.
-    pub fn new(spec: WorkerSpec) -> Arc<Self> {
+    /// A worker not yet spawned, and the receiving end of its inputs (for
+    /// its driver). Models given in the spec are known at once.
+    pub fn new(spec: WorkerSpec) -> (Arc<Self>, mpsc::Receiver<Input>) {
         let models = (!spec.models.is_empty()).then(|| Arc::from(spec.models.clone()));
-        Arc::new(Self {
+        let (inputs, rx) = mpsc::channel(1024);
+        let worker = Arc::new(Self {
             spec,
-            state: AtomicU8::new(WorkerState::Starting as u8),
+            state: AtomicU8::new(state_to_u8(State::Starting)),
+            routable: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             exits: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            startup_ms: AtomicU64::new(0),
             process: RwLock::new(None),
             models: RwLock::new(models),
             last_exit: Mutex::new(None),
+            last_fault: Mutex::new(None),
             output: Mutex::new(VecDeque::with_capacity(OUTPUT_RING_LINES)),
-        })
+            events: Mutex::new(VecDeque::with_capacity(EVENT_RING)),
+            inputs,
+        });
+        (worker, rx)
+    }
+
+    /// Sends an input to the worker's driver without waiting. Inputs are
+    /// dropped when the driver is gone or 1024 are pending (it is far behind,
+    /// and what it already has will restart the worker).
+    pub fn report(&self, input: Input) {
+        let _ = self.inputs.try_send(input);
+    }
+
+    /// Whether new requests may be sent to it (the sentinel says so).
+    pub fn routable(&self) -> bool {
+        self.routable.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_routable(&self, routable: bool) {
+        self.routable.store(routable, Ordering::Release);
+    }
+
+    /// Restarts scheduled since the agent started.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_restart(&self) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Spawn-to-ready time of the current process (0 if not ready).
+    pub fn startup_ms(&self) -> u64 {
+        self.startup_ms.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_startup_ms(&self, ms: u64) {
+        self.startup_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The last fault, as "reason: detail".
+    pub fn last_fault(&self) -> Option<String> {
+        self.last_fault.lock().expect("worker lock").clone()
+    }
+
+    pub(crate) fn set_last_fault(&self, fault: String) {
+        *self.last_fault.lock().expect("worker lock") = Some(fault);
+    }
+
+    /// Records a sentinel event with the current wall-clock time.
+    pub(crate) fn push_event(&self, kind: &'static str, detail: String) {
+        let mut ring = self.events.lock().expect("worker lock");
+        if ring.len() == EVENT_RING {
+            ring.pop_front();
+        }
+        ring.push_back(WorkerEvent {
+            unix_micros: now_micros(),
+            kind,
+            detail,
+        });
+    }
+
+    /// The newest events, oldest first.
+    pub fn events(&self) -> Vec<WorkerEvent> {
+        self.events
+            .lock()
+            .expect("worker lock")
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Worker id.
@@ -94,13 +184,13 @@ impl Worker {
         &self.spec.id
     }
 
-    /// Current state.
-    pub fn state(&self) -> WorkerState {
-        WorkerState::from_u8(self.state.load(Ordering::Acquire))
+    /// Current sentinel state.
+    pub fn state(&self) -> State {
+        State::ALL[self.state.load(Ordering::Acquire) as usize]
     }
 
-    pub(crate) fn set_state(&self, state: WorkerState) {
-        self.state.store(state as u8, Ordering::Release);
+    pub(crate) fn set_state(&self, state: State) {
+        self.state.store(state_to_u8(state), Ordering::Release);
     }
 
     /// The running process, once spawned.
@@ -165,6 +255,7 @@ impl Worker {
         self.last_exit.lock().expect("worker lock").clone()
     }
 
+    /// Records how the process ended.
     pub(crate) fn record_exit(&self, how: String) {
         self.exits.fetch_add(1, Ordering::Relaxed);
         *self.last_exit.lock().expect("worker lock") = Some(how);

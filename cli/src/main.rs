@@ -5,6 +5,7 @@
 
 mod agent_cmd;
 mod bench;
+mod drill;
 mod exit;
 mod logging;
 
@@ -27,6 +28,9 @@ enum Command {
     Agent(agent_cmd::AgentArgs),
     /// Send ModelInfer load to an OIP endpoint and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Inject faults into a running agent's workers under load and report
+    /// detection and recovery times (needs test workers and the fake GPU backend).
+    Drill(drill::DrillArgs),
     /// Print the version.
     Version,
 }
@@ -36,6 +40,7 @@ fn main() {
     let code = match cli.command {
         Command::Agent(args) => agent_cmd::main(args),
         Command::Bench(args) => bench::main(args),
+        Command::Drill(args) => drill::main(args),
         Command::Version => {
             println!("infermesh {}", env!("CARGO_PKG_VERSION"));
             exit::OK

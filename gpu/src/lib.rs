@@ -1,11 +1,50 @@
-//! GPU telemetry for the agent, behind a narrow trait.
+//! GPU telemetry and fault events for the infermesh agent, behind a narrow
+//! trait, plus the Xid policy that turns fault events into sentinel inputs.
 //!
-//! Planned (sentinel issue): a `GpuTelemetry` trait exposing devices (index,
-//! UUID, name, memory, compute capability), periodic samples (utilization,
-//! memory, temperature, power, ECC counters) and a stream of fault events
-//! (Xid codes, double-bit ECC). Two implementations: NVML through
-//! `nvml-wrapper`, loaded at run time so one binary runs with and without the
-//! NVIDIA driver, and a fake whose devices and events are scripted for tests
-//! and drills. The Xid policy table (restart the worker vs quarantine the GPU)
-//! lives here too. This crate, with `rdma`, is where `unsafe` and native
-//! loading are allowed.
+//! [`GpuTelemetry`] gives the agent the host's devices (index, UUID, name,
+//! memory, compute capability), on-demand samples (utilization, memory,
+//! temperature, power, ECC counters) for its load reports and metrics, and a
+//! broadcast stream of fault events ([`GpuEvent`]: an Xid code or a
+//! double-bit ECC error on a device index). Backends:
+//!
+//! - [`NvmlTelemetry`] — NVML through `nvml-wrapper`, which loads
+//!   `libnvidia-ml.so.1` at run time, so one binary runs with and without the
+//!   NVIDIA driver. A watcher thread turns NVML events into [`GpuEvent`]s.
+//! - [`FakeTelemetry`] — fixed devices, scripted samples and injected events
+//!   for tests and fault drills.
+//! - [`NoTelemetry`] — nothing, for hosts without GPUs.
+//!
+//! [`open`] picks one from the configured [`Backend`]; `auto` uses NVML when
+//! it is there and otherwise logs one line and runs without GPU events.
+//!
+//! The agent passes each event through an [`XidClassifier`] (see [`xid`] for
+//! the table, which follows NVIDIA's Xid catalog): application-level Xids
+//! restart the worker on that GPU, Xids that need a GPU reset quarantine the
+//! GPU, and a double-bit ECC event counts as Xid 48. The classifier is
+//! sans-IO: time is passed in.
+//!
+//! This crate and `rdma` are the only places native libraries are loaded;
+//! `nvml-wrapper` keeps the FFI behind a safe API, so no `unsafe` is needed
+//! here and the lint stays on.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backend;
+mod device;
+mod error;
+mod fake;
+mod nvml;
+mod off;
+mod telemetry;
+pub mod xid;
+
+pub use backend::{Backend, ParseBackendError, open};
+pub use device::{GpuDevice, GpuEvent, GpuEventKind, GpuSample};
+pub use error::GpuError;
+pub use fake::FakeTelemetry;
+pub use nvml::NvmlTelemetry;
+pub use off::NoTelemetry;
+pub use telemetry::GpuTelemetry;
+pub use xid::{
+    XID_DOUBLE_BIT_ECC, XID_FALLEN_OFF_BUS, XidAction, XidClassifier, XidPolicy, XidVerdict,
+};

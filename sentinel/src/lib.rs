@@ -1,11 +1,59 @@
-//! The sentinel: a sans-IO state machine per worker that turns fault signals
-//! into actions.
+//! The sentinel: a sans-IO state machine per worker process that turns fault
+//! signals into actions.
 //!
-//! Planned (sentinel issue): states `Starting → Ready ⇄ Degraded → Failed →
-//! Backoff → Starting`, plus `Draining` and `Quarantined`. Inputs are events
-//! with an explicit `now` (process exit, a fault-pattern line such as
-//! `CUDA error`, a GPU Xid, a health verdict, a probe timeout, an error burst,
-//! ticks); outputs are actions (stop/resume routing, kill, spawn, update the
-//! advertised state). No clock reads, no I/O: the agent drives it, and tests
-//! drive it over scripted faults in virtual time.
+//! The agent runs one [`Sentinel`] per inference worker. It feeds in what it
+//! observes as [`Event`]s — the process exiting, an output line matching one of
+//! the [`FaultPatterns`] (`CUDA error`, `illegal memory access`, ...), a GPU Xid
+//! classified by the GPU monitor, health verdicts, liveness-probe timeouts,
+//! internal request errors, operator requests and timer ticks — each stamped
+//! with an explicit `now`. It gets back [`Action`]s to carry out in order:
+//! stop or resume routing, kill or spawn the process, advertise a new
+//! [`State`], and [`Notice`]s for logs and metrics. The sentinel reads no
+//! clock, does no I/O and takes its jitter from a seeded RNG, so the driver is a
+//! short loop and tests replay scripted faults in virtual time.
+//!
+//! ```text
+//!            Spawn                BecameReady
+//!  start() ───────▶ Starting ─────────────────▶ Ready ⇄ Degraded   (soft faults / recovery)
+//!                      ▲                         │ ▲
+//!                      │                   Drain │ │ Undrain
+//!                      │                         ▼ │
+//!                      │                       Draining
+//!                      │                         │
+//!                      │      hard fault in Starting, Ready, Degraded or Draining
+//!                      │                         ▼
+//!                      └──── Backoff ◀──────── Failed ── Kill, wait for Exited
+//!                        (skipped when the delay is zero)
+//!
+//!  any state ── GpuFault { severity: Quarantine } ──▶ Quarantined (terminal)
+//! ```
+//!
+//! Policy in brief:
+//!
+//! - Only `Ready` and `Degraded` are routable; routing stops the moment a
+//!   fault is handled and resumes only after the next `BecameReady`.
+//! - A fault kills the process and waits for it to exit before respawning, so
+//!   two copies never hold the same GPU.
+//! - The first restart of a crash loop is immediate; later ones back off
+//!   exponentially with jitter (see `backoff.rs`) until the worker stays up for
+//!   the stable period. Operator restarts are immediate and not counted.
+//! - A probe timeout or health failure below its threshold only degrades the
+//!   worker; reaching the threshold is a fault.
+//! - A drain requested while the worker is down applies when it is next ready.
 #![forbid(unsafe_code)]
+
+mod backoff;
+mod config;
+mod error_window;
+mod event;
+mod machine;
+mod patterns;
+mod reason;
+mod state;
+
+pub use config::SentinelConfig;
+pub use event::{Action, Event, GpuFaultSeverity, Notice};
+pub use machine::Sentinel;
+pub use patterns::{FaultPatterns, PatternError};
+pub use reason::FaultReason;
+pub use state::State;

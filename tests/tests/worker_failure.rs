@@ -1,49 +1,112 @@
-//! A worker killed with SIGKILL stops receiving traffic at once; workers die
-//! with their agent even when the agent itself is SIGKILLed.
+//! A worker killed with SIGKILL stops receiving traffic at once and is
+//! restarted; a model with no ready worker is refused at once with
+//! UNAVAILABLE; workers die with their agent even when the agent itself is
+//! SIGKILLed.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use infermesh_proto::GrpcInferenceServiceClient;
+use infermesh_proto::inference::ServerLiveRequest;
 use infermesh_tests::{Agent, dense, eventually, process_alive, testworker};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
 #[tokio::test]
-async fn killed_worker_stops_receiving_traffic() {
+async fn sigkilled_worker_is_taken_out_of_routing_and_restarted() {
     let agent = Agent::builder()
         .worker(testworker(""))
         .worker(testworker(""))
         .start()
         .await;
     let mut client = agent.client().await;
-    let before = agent.status().await;
-    let victim = &before.workers[0];
+    let victim = agent.status().await.workers[0].clone();
+    let t0 = unix_micros();
     kill(Pid::from_raw(victim.pid as i32), Signal::SIGKILL).unwrap();
 
-    let after_kill = eventually("agent notices the worker died", || async {
-        let s = agent.status().await;
-        (s.workers[0].state == "exited").then_some(s)
+    let restarted = eventually("the agent restarts the killed worker", || async {
+        let w = agent.status().await.workers[0].clone();
+        (w.routable && w.pid != victim.pid).then_some(w)
     })
     .await;
+    let kinds: Vec<&str> = restarted
+        .events
+        .iter()
+        .filter(|e| e.unix_micros >= t0)
+        .map(|e| e.kind.as_str())
+        .collect();
+    let pos = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| *x == k)
+            .unwrap_or_else(|| panic!("no '{k}' event in {kinds:?}"))
+    };
     assert!(
-        after_kill.workers[0].last_exit.contains("SIGKILL"),
-        "{}",
-        after_kill.workers[0].last_exit
+        pos("exited") < pos("restart")
+            && pos("restart") < pos("spawned")
+            && pos("spawned") < pos("resume_routing")
     );
-    assert!(agent.log_text().contains("worker exited"));
+    let stop = pos("stop_routing");
+    assert!(
+        stop < pos("spawned"),
+        "routing stopped before the replacement started: {kinds:?}"
+    );
+    assert!(
+        restarted.last_exit.contains("SIGKILL"),
+        "{}",
+        restarted.last_exit
+    );
+    assert_eq!(restarted.restarts, 1);
+    assert!(
+        restarted.last_fault.starts_with("exit"),
+        "{}",
+        restarted.last_fault
+    );
 
     let input = dense::input(1, 11);
     for i in 0..20 {
         let resp = client
             .model_infer(dense::request(&input, true))
             .await
-            .unwrap_or_else(|e| panic!("request {i} after the kill failed: {e}"));
+            .unwrap_or_else(|e| panic!("request {i} after the restart failed: {e}"));
         assert_eq!(dense::output(resp.get_ref()).0, dense::forward(&input));
     }
-    let end = agent.status().await;
-    assert_eq!(
-        end.workers[0].requests, after_kill.workers[0].requests,
-        "no traffic to the dead worker"
-    );
-    assert_eq!(end.workers[1].requests, after_kill.workers[1].requests + 20);
-    assert_eq!(end.weight, 0.5, "weight follows the share of ready workers");
+    assert_eq!(agent.status().await.weight, 1.0, "both workers ready again");
+}
+
+#[tokio::test]
+async fn no_ready_worker_means_unavailable_at_once() {
+    // A worker that takes ten minutes to load its model: never ready here.
+    let agent = Agent::builder()
+        .config(format!(
+            "[[workers]]\ncommand = \"{}\"\nmodels = [\"dense\"]\n",
+            testworker("--startup-ms 600000")
+        ))
+        .spawn();
+    let mut client = eventually("agent serving", || async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", agent.oip))
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let mut c = GrpcInferenceServiceClient::new(ch);
+        c.server_live(ServerLiveRequest {}).await.ok()?;
+        Some(c)
+    })
+    .await;
+    let mut req = tonic::Request::new(dense::request(&dense::input(1, 1), true));
+    // Were the request queued for the loading worker, it would end with
+    // DEADLINE_EXCEEDED after this; it must be refused straight away.
+    req.set_timeout(Duration::from_secs(30));
+    let err = client.model_infer(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{}", err.message());
+    assert_eq!(agent.status().await.workers[0].state, "starting");
 }
 
 #[tokio::test]
@@ -60,21 +123,4 @@ async fn workers_die_with_a_sigkilled_agent() {
         pids.iter().all(|&p| !process_alive(p)).then_some(())
     })
     .await;
-}
-
-#[tokio::test]
-async fn no_ready_worker_means_unavailable_at_once() {
-    let agent = Agent::builder().worker(testworker("")).start().await;
-    let mut client = agent.client().await;
-    let pid = agent.status().await.workers[0].pid;
-    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).unwrap();
-    eventually("worker marked exited", || async {
-        (agent.status().await.workers[0].state == "exited").then_some(())
-    })
-    .await;
-    let err = client
-        .model_infer(dense::request(&dense::input(1, 1), true))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable, "{}", err.message());
 }

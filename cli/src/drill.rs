@@ -1,0 +1,505 @@
+//! `infermesh drill`: inject faults into a running agent's workers under
+//! load and measure how the sentinel handles them.
+//!
+//! For each injection the drill notes the wall-clock time, fires the fault
+//! (a request with `infermesh_fault=KIND` sent straight to the victim worker,
+//! or a fake GPU Xid through the admin API), then reads the agent's own event
+//! log for that worker (admin `Status`, microsecond timestamps) to find when
+//! it stopped routing to it and when it routed to it again. Meanwhile
+//! `--concurrency` callers keep sending requests through the agent; every
+//! failure is attributed to the injection window it fell in, and failures
+//! sent after the agent stopped routing to the victim are counted apart —
+//! that number must be 0.
+//!
+//! Needs an agent whose workers are `infermesh-testworker`s (for the
+//! process faults) and `gpu.backend = "fake"` with `gpu = N` per worker (for
+//! the Xid faults). A quarantine (Xid 79) is terminal, so it runs at most
+//! once per GPU worker, always leaving one worker serving.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use infermesh_proto::GrpcInferenceServiceClient;
+use infermesh_proto::admin::admin_client::AdminClient;
+use infermesh_proto::admin::{
+    InjectGpuEventRequest, StatusRequest, WorkerStatus, inject_gpu_event_request,
+};
+use infermesh_proto::inference::model_infer_request::InferInputTensor;
+use infermesh_proto::inference::{
+    InferParameter, ModelInferRequest, infer_parameter::ParameterChoice,
+};
+use infermesh_proto::tensor::f32_to_raw;
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use crate::exit;
+
+/// The faults a drill can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Fault {
+    CudaCrash,
+    CudaSticky,
+    Hang,
+    Xid31,
+    Xid79,
+}
+
+impl Fault {
+    const ALL: [Fault; 5] = [
+        Fault::CudaCrash,
+        Fault::CudaSticky,
+        Fault::Hang,
+        Fault::Xid31,
+        Fault::Xid79,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::CudaCrash => "cuda-crash",
+            Fault::CudaSticky => "cuda-sticky",
+            Fault::Hang => "hang",
+            Fault::Xid31 => "xid-31",
+            Fault::Xid79 => "xid-79",
+        }
+    }
+
+    fn quarantines(self) -> bool {
+        self == Fault::Xid79
+    }
+}
+
+/// Inject faults under load and report detection and recovery times.
+#[derive(Debug, Args)]
+pub struct DrillArgs {
+    /// The agent's OIP address (load goes through it).
+    #[arg(long)]
+    target: String,
+    /// The agent's admin address.
+    #[arg(long)]
+    admin: String,
+    /// Faults to inject (repeatable). Default: all.
+    #[arg(long = "fault", value_enum)]
+    faults: Vec<Fault>,
+    /// Injections per fault kind (quarantines: at most one per GPU worker but one).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    count: u32,
+    /// Callers sending load through the agent meanwhile.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// Model to call.
+    #[arg(long, default_value = "dense")]
+    model: String,
+    /// Give up on one injection after this long.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    patience: Duration,
+    /// Print one JSON object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct FaultReport {
+    fault: &'static str,
+    injections: u32,
+    detected: u32,
+    stop_routing_ms: Percentiles,
+    serving_again_ms: Option<Percentiles>,
+    serving_again_minus_startup_ms: Option<Percentiles>,
+    requests: u64,
+    failed: u64,
+    failed_after_detection: u64,
+}
+
+#[derive(Debug, Serialize, Clone, Copy)]
+struct Percentiles {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn percentiles(h: &Histogram<u64>) -> Percentiles {
+    let ms = |v: u64| v as f64 / 1000.0;
+    Percentiles {
+        p50: ms(h.value_at_quantile(0.5)),
+        p99: ms(h.value_at_quantile(0.99)),
+        max: ms(h.max()),
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid bounds")
+}
+
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// One finished load request: when it was sent and whether it failed.
+struct Sample {
+    sent_micros: u64,
+    ok: bool,
+}
+
+pub fn main(args: DrillArgs) -> i32 {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(run(args))
+}
+
+fn uri(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+async fn run(args: DrillArgs) -> i32 {
+    let admin = match AdminClient::connect(uri(&args.admin)).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: cannot reach the admin address {}: {e}", args.admin);
+            return exit::UNAVAILABLE;
+        }
+    };
+    let oip = match Channel::from_shared(uri(&args.target)).map(|e| e.connect_lazy()) {
+        Ok(c) => GrpcInferenceServiceClient::new(c),
+        Err(e) => {
+            eprintln!("error: --target '{}': {e}", args.target);
+            return exit::USAGE;
+        }
+    };
+    let faults = if args.faults.is_empty() {
+        Fault::ALL.to_vec()
+    } else {
+        args.faults.clone()
+    };
+    let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            tokio::spawn(load_loop(
+                oip.clone(),
+                request(&args.model, None),
+                Arc::clone(&samples),
+                Arc::clone(&stop),
+            ))
+        })
+        .collect();
+
+    let mut reports = Vec::new();
+    let mut failed = false;
+    for fault in faults {
+        match drill_one(&args, fault, admin.clone(), &samples).await {
+            Ok(r) => reports.push(r),
+            Err(e) => {
+                eprintln!("error: {} drill: {e}", fault.name());
+                failed = true;
+                break;
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for l in load {
+        let _ = l.await;
+    }
+    print_table(&reports);
+    if args.json {
+        println!("{}", serde_json::json!({ "faults": reports }));
+    }
+    let bad = reports
+        .iter()
+        .any(|r| r.failed_after_detection > 0 || r.detected < r.injections);
+    if failed || bad {
+        exit::FAILURE
+    } else {
+        exit::OK
+    }
+}
+
+fn request(model: &str, fault: Option<&str>) -> ModelInferRequest {
+    let input: Vec<f32> = (0..32).map(|i| i as f32 / 32.0).collect();
+    let mut req = ModelInferRequest {
+        model_name: model.to_string(),
+        inputs: vec![InferInputTensor {
+            name: "INPUT0".into(),
+            datatype: "FP32".into(),
+            shape: vec![2, 16],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![f32_to_raw(&input).into()],
+        ..Default::default()
+    };
+    if let Some(kind) = fault {
+        req.parameters.insert(
+            infermesh_proto::FAULT_PARAMETER.into(),
+            InferParameter {
+                parameter_choice: Some(ParameterChoice::StringParam(kind.into())),
+            },
+        );
+    }
+    req
+}
+
+async fn load_loop(
+    mut client: GrpcInferenceServiceClient<Channel>,
+    req: ModelInferRequest,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        let sent_micros = unix_micros();
+        let mut r = tonic::Request::new(req.clone());
+        r.set_timeout(Duration::from_secs(30));
+        let ok = client.model_infer(r).await.is_ok();
+        samples
+            .lock()
+            .expect("samples lock")
+            .push(Sample { sent_micros, ok });
+    }
+}
+
+async fn status(admin: &mut AdminClient<Channel>) -> Result<Vec<WorkerStatus>, String> {
+    admin
+        .status(StatusRequest {})
+        .await
+        .map(|r| r.into_inner().workers)
+        .map_err(|e| e.message().to_string())
+}
+
+/// Runs `args.count` injections of `fault` and summarizes them.
+async fn drill_one(
+    args: &DrillArgs,
+    fault: Fault,
+    mut admin: AdminClient<Channel>,
+    samples: &Mutex<Vec<Sample>>,
+) -> Result<FaultReport, String> {
+    let (mut stop_h, mut again_h, mut net_h) = (histogram(), histogram(), histogram());
+    let (mut injections, mut detected) = (0, 0);
+    let window_start = unix_micros();
+    let mut detection_windows = Vec::new();
+    for i in 0..args.count {
+        let workers = wait_all_routable(&mut admin, args.patience).await?;
+        let candidates: Vec<_> = workers
+            .iter()
+            .filter(|w| {
+                w.routable && (!matches!(fault, Fault::Xid31 | Fault::Xid79) || w.gpu.is_some())
+            })
+            .collect();
+        if fault.quarantines() && candidates.len() < 2 {
+            eprintln!(
+                "{}: stopping after {injections} injection(s): a quarantine must leave a worker serving",
+                fault.name()
+            );
+            break;
+        }
+        let Some(victim) = candidates
+            .get(i as usize % candidates.len().max(1))
+            .cloned()
+            .cloned()
+        else {
+            return Err("no routable worker to inject into".into());
+        };
+        injections += 1;
+        let t0 = unix_micros();
+        inject(fault, &victim, &mut admin).await?;
+        let deadline = Instant::now() + args.patience;
+        let stopped = loop {
+            let w = find(&status(&mut admin).await?, &victim.id)?;
+            if let Some(e) = w
+                .events
+                .iter()
+                .find(|e| e.kind == "stop_routing" && e.unix_micros >= t0)
+            {
+                break Some(e.unix_micros);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        let Some(stopped) = stopped else {
+            eprintln!(
+                "{}: injection {} into {} was not detected within {:?}",
+                fault.name(),
+                i + 1,
+                victim.id,
+                args.patience
+            );
+            continue;
+        };
+        detected += 1;
+        stop_h.saturating_record(stopped.saturating_sub(t0).max(1));
+        if fault.quarantines() {
+            detection_windows.push((stopped, u64::MAX));
+            continue;
+        }
+        let resumed = loop {
+            let w = find(&status(&mut admin).await?, &victim.id)?;
+            if let Some(e) = w
+                .events
+                .iter()
+                .find(|e| e.kind == "resume_routing" && e.unix_micros >= stopped)
+            {
+                break Some((e.unix_micros, w.startup_ms));
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        match resumed {
+            Some((at, startup_ms)) => {
+                detection_windows.push((stopped, at));
+                let again = at.saturating_sub(t0).max(1);
+                again_h.saturating_record(again);
+                net_h.saturating_record(again.saturating_sub(startup_ms * 1000).max(1));
+            }
+            None => {
+                return Err(format!(
+                    "{} did not serve again within {:?}",
+                    victim.id, args.patience
+                ));
+            }
+        }
+    }
+    let window_end = unix_micros();
+    let samples = samples.lock().expect("samples lock");
+    let in_window: Vec<_> = samples
+        .iter()
+        .filter(|s| s.sent_micros >= window_start && s.sent_micros <= window_end)
+        .collect();
+    // A request sent after the agent stopped routing to the victim must not
+    // fail (it goes to a healthy worker).
+    let failed_after = in_window
+        .iter()
+        .filter(|s| {
+            !s.ok
+                && detection_windows
+                    .iter()
+                    .any(|&(stop, end)| s.sent_micros > stop && s.sent_micros <= end)
+        })
+        .count() as u64;
+    let restarts = !fault.quarantines() && detected > 0;
+    Ok(FaultReport {
+        fault: fault.name(),
+        injections,
+        detected,
+        stop_routing_ms: percentiles(&stop_h),
+        serving_again_ms: restarts.then(|| percentiles(&again_h)),
+        serving_again_minus_startup_ms: restarts.then(|| percentiles(&net_h)),
+        requests: in_window.len() as u64,
+        failed: in_window.iter().filter(|s| !s.ok).count() as u64,
+        failed_after_detection: failed_after,
+    })
+}
+
+fn find(workers: &[WorkerStatus], id: &str) -> Result<WorkerStatus, String> {
+    workers
+        .iter()
+        .find(|w| w.id == id)
+        .cloned()
+        .ok_or_else(|| format!("worker {id} disappeared"))
+}
+
+/// Waits until every worker that is not quarantined is routable.
+async fn wait_all_routable(
+    admin: &mut AdminClient<Channel>,
+    patience: Duration,
+) -> Result<Vec<WorkerStatus>, String> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let workers = status(admin).await?;
+        if workers
+            .iter()
+            .all(|w| w.routable || w.state == "quarantined")
+        {
+            return Ok(workers);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("workers not all ready after {patience:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn inject(
+    fault: Fault,
+    victim: &WorkerStatus,
+    admin: &mut AdminClient<Channel>,
+) -> Result<(), String> {
+    let xid = |code| async move {
+        let gpu = victim.gpu.ok_or("worker has no GPU")?;
+        admin
+            .inject_gpu_event(InjectGpuEventRequest {
+                gpu,
+                kind: Some(inject_gpu_event_request::Kind::Xid(code)),
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| e.message().to_string())
+    };
+    match fault {
+        Fault::Xid31 => xid(31).await,
+        Fault::Xid79 => xid(79).await,
+        Fault::CudaCrash | Fault::CudaSticky | Fault::Hang => {
+            let kind = match fault {
+                Fault::CudaCrash => "cuda-crash",
+                Fault::CudaSticky => "cuda-sticky",
+                _ => "hang",
+            };
+            let channel = Channel::from_shared(uri(&victim.address))
+                .map_err(|e| e.to_string())?
+                .connect_lazy();
+            let mut client = GrpcInferenceServiceClient::new(channel);
+            let req = request(
+                victim.models.first().map(String::as_str).unwrap_or("dense"),
+                Some(kind),
+            );
+            // The answer (if any) does not matter: the worker crashes, errs or hangs.
+            tokio::spawn(async move {
+                let mut r = tonic::Request::new(req);
+                r.set_timeout(Duration::from_secs(60));
+                let _ = client.model_infer(r).await;
+            });
+            Ok(())
+        }
+    }
+}
+
+fn print_table(reports: &[FaultReport]) {
+    let fmt = |p: Option<Percentiles>| {
+        p.map_or("-".to_string(), |p| format!("{:.1} / {:.1}", p.p50, p.p99))
+    };
+    println!(
+        "{:<12} {:>5} {:>9} {:>22} {:>22} {:>24} {:>9} {:>7} {:>16}",
+        "fault",
+        "n",
+        "detected",
+        "stop routing p50/p99",
+        "serving again p50/p99",
+        "again−startup p50/p99",
+        "requests",
+        "failed",
+        "failed after det."
+    );
+    for r in reports {
+        println!(
+            "{:<12} {:>5} {:>9} {:>19} ms {:>19} ms {:>21} ms {:>9} {:>7} {:>16}",
+            r.fault,
+            r.injections,
+            r.detected,
+            fmt(Some(r.stop_routing_ms)),
+            fmt(r.serving_again_ms),
+            fmt(r.serving_again_minus_startup_ms),
+            r.requests,
+            r.failed,
+            r.failed_after_detection
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! A scriptable backend for tests and fault drills.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
+use tokio::sync::broadcast;
+
+use crate::telemetry::EVENT_CAPACITY;
+use crate::{GpuDevice, GpuError, GpuEvent, GpuSample, GpuTelemetry};
+
+const GIB: u64 = 1 << 30;
+
+/// Fake GPUs (backend `"fake"`): fixed devices, samples the test sets, and
+/// fault events delivered by [`GpuTelemetry::inject`].
+///
+/// Lets the agent's GPU paths (sampling, Xid handling, quarantine) run on a
+/// host without a GPU, in tests and in `infermesh` fault drills.
+#[derive(Debug)]
+pub struct FakeTelemetry {
+    devices: Vec<GpuDevice>,
+    samples: Mutex<BTreeMap<u32, GpuSample>>,
+    events: broadcast::Sender<GpuEvent>,
+}
+
+impl FakeTelemetry {
+    /// `count` devices indexed from 0, named "Fake GPU", with UUID
+    /// `GPU-fake-<index>`, 80 GiB and compute capability 9.0, each idling at
+    /// a plausible utilization, temperature and power.
+    pub fn new(count: u32) -> Self {
+        let devices = (0..count)
+            .map(|index| GpuDevice {
+                index,
+                uuid: format!("GPU-fake-{index}"),
+                name: "Fake GPU".to_owned(),
+                memory_total_bytes: 80 * GIB,
+                compute_capability: (9, 0),
+            })
+            .collect();
+        Self::with_devices(devices)
+    }
+
+    /// The given devices; each starts with the default plausible sample.
+    pub fn with_devices(devices: Vec<GpuDevice>) -> Self {
+        let samples = devices
+            .iter()
+            .map(|device| (device.index, idle_sample(device)))
+            .collect();
+        Self {
+            devices,
+            samples: Mutex::new(samples),
+            events: broadcast::channel(EVENT_CAPACITY).0,
+        }
+    }
+
+    /// Make [`GpuTelemetry::sample`] report `sample` for the device with
+    /// `sample.index` from now on. A sample for an unknown index is dropped.
+    pub fn set_sample(&self, sample: GpuSample) {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        match samples.get_mut(&sample.index) {
+            Some(slot) => *slot = sample,
+            None => tracing::warn!(
+                index = sample.index,
+                "fake GPU: no such device; sample dropped"
+            ),
+        }
+    }
+}
+
+fn idle_sample(device: &GpuDevice) -> GpuSample {
+    GpuSample {
+        index: device.index,
+        utilization_pct: 0,
+        memory_used_bytes: device.memory_total_bytes.min(GIB / 2),
+        temperature_c: 35,
+        power_mw: 70_000,
+        ecc_corrected: 0,
+        ecc_uncorrected: 0,
+    }
+}
+
+impl GpuTelemetry for FakeTelemetry {
+    fn backend(&self) -> &'static str {
+        "fake"
+    }
+
+    fn devices(&self) -> Vec<GpuDevice> {
+        self.devices.clone()
+    }
+
+    fn sample(&self) -> Vec<GpuSample> {
+        let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        samples.values().cloned().collect()
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
+        self.events.subscribe()
+    }
+
+    fn inject(&self, event: GpuEvent) -> Result<(), GpuError> {
+        if !self.devices.iter().any(|d| d.index == event.index) {
+            return Err(GpuError::UnknownDevice(event.index));
+        }
+        // With no subscriber the event is dropped, as real hardware's would be.
+        let _ = self.events.send(event);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::broadcast::error::TryRecvError;
+
+    use super::*;
+    use crate::GpuEventKind;
+
+    #[test]
+    fn new_lists_fake_devices() {
+        let fake = FakeTelemetry::new(2);
+        assert_eq!(fake.backend(), "fake");
+        let devices = fake.devices();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(
+            devices[1],
+            GpuDevice {
+                index: 1,
+                uuid: "GPU-fake-1".into(),
+                name: "Fake GPU".into(),
+                memory_total_bytes: 80 * GIB,
+                compute_capability: (9, 0),
+            }
+        );
+    }
+
+    #[test]
+    fn samples_are_plausible_then_scripted() {
+        let fake = FakeTelemetry::new(2);
+        let samples = fake.sample();
+        assert_eq!(samples.len(), 2);
+        assert_eq!(samples[0].index, 0);
+        assert!(samples[0].temperature_c > 0 && samples[0].power_mw > 0);
+        assert!(samples[0].memory_used_bytes < 80 * GIB);
+
+        let hot = GpuSample {
+            index: 1,
+            utilization_pct: 97,
+            memory_used_bytes: 70 * GIB,
+            temperature_c: 88,
+            power_mw: 690_000,
+            ecc_corrected: 12,
+            ecc_uncorrected: 1,
+        };
+        fake.set_sample(hot.clone());
+        fake.set_sample(GpuSample {
+            index: 9,
+            ..GpuSample::default()
+        });
+        let samples = fake.sample();
+        assert_eq!(samples.len(), 2);
+        assert_eq!(samples[1], hot);
+    }
+
+    #[test]
+    fn with_devices_keeps_given_indices() {
+        let device = GpuDevice {
+            index: 3,
+            uuid: "GPU-x".into(),
+            name: "Some GPU".into(),
+            memory_total_bytes: 24 * GIB,
+            compute_capability: (8, 9),
+        };
+        let fake = FakeTelemetry::with_devices(vec![device.clone()]);
+        assert_eq!(fake.devices(), vec![device]);
+        assert_eq!(fake.sample()[0].index, 3);
+        let event = GpuEvent {
+            index: 0,
+            kind: GpuEventKind::Xid(13),
+        };
+        assert_eq!(fake.inject(event), Err(GpuError::UnknownDevice(0)));
+    }
+
+    #[test]
+    fn inject_reaches_every_subscriber() {
+        let fake = FakeTelemetry::new(2);
+        let mut a = fake.subscribe();
+        let mut b = fake.subscribe();
+        let event = GpuEvent {
+            index: 1,
+            kind: GpuEventKind::EccDoubleBit,
+        };
+        fake.inject(event).unwrap();
+        assert_eq!(a.try_recv(), Ok(event));
+        assert_eq!(b.try_recv(), Ok(event));
+        assert_eq!(a.try_recv(), Err(TryRecvError::Empty));
+    }
+
+    #[test]
+    fn inject_rejects_unknown_device_and_tolerates_no_subscriber() {
+        let fake = FakeTelemetry::new(1);
+        let event = GpuEvent {
+            index: 1,
+            kind: GpuEventKind::Xid(79),
+        };
+        assert_eq!(fake.inject(event), Err(GpuError::UnknownDevice(1)));
+        let event = GpuEvent { index: 0, ..event };
+        assert_eq!(fake.inject(event), Ok(()));
+    }
+}
