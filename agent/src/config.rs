@@ -67,6 +67,11 @@ pub struct RawSentinel {
     /// Time ready after which the crash-loop backoff resets.
     #[serde(default, with = "humantime_serde")]
     pub stable_period: Option<Duration>,
+    /// SIGTERM → SIGKILL grace when a *faulted* worker is killed. It has
+    /// nothing to finish (its GPU context is gone or it hangs), so this is
+    /// short; a graceful stop uses the worker's `stop_grace`.
+    #[serde(default, with = "humantime_serde")]
+    pub kill_grace: Option<Duration>,
     /// Interval of the liveness probe (ServerLive + ModelReady) on ready workers.
     #[serde(default, with = "humantime_serde")]
     pub probe_interval: Option<Duration>,
@@ -154,8 +159,8 @@ pub struct AgentConfig {
     pub queue_capacity: usize,
     /// Runtime threads; `None` = one per core.
     pub threads: Option<usize>,
-    /// Sentinel policy shared by all workers (startup timeout and kill grace
-    /// are per worker and set from the worker's spec).
+    /// Sentinel policy shared by all workers (the startup timeout is per
+    /// worker and set from the worker's spec).
     pub sentinel: SentinelConfig,
     /// Liveness probe interval.
     pub probe_interval: Duration,
@@ -205,6 +210,7 @@ const DEFAULT_MAX_INFLIGHT: usize = 64;
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+const DEFAULT_FAULT_KILL_GRACE: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 
@@ -361,6 +367,7 @@ fn sentinel_config(raw: &RawSentinel, problems: &mut Vec<String>) -> SentinelCon
         error_burst: raw.error_burst.unwrap_or(d.error_burst),
         error_window: raw.error_window.unwrap_or(d.error_window),
         probe_failure_threshold: raw.probe_failures.unwrap_or(d.probe_failure_threshold),
+        kill_grace: raw.kill_grace.unwrap_or(DEFAULT_FAULT_KILL_GRACE),
         ..d
     };
     if cfg.backoff_cap < cfg.backoff_base {

@@ -24,7 +24,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use crate::deadline::request_timeout;
 use crate::error::AgentError;
 use crate::metrics::Metrics;
-use crate::pool::{Lease, Pool};
+use crate::pool::Pool;
 use crate::worker::{Input, Worker};
 use infermesh_sentinel::{Event, FaultPatterns};
 
@@ -78,9 +78,12 @@ impl Front {
             .ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
         validate_request(&req, &meta).map_err(AgentError::from)?;
         let lease = ticket.dispatch(&req.model_name, deadline).await?;
-        let resp = forward(&lease, req, deadline)
+        let process = lease
+            .process()
+            .ok_or_else(|| AgentError::NoReadyWorker(req.model_name.clone()))?;
+        let resp = forward(lease.worker(), process.client, req, deadline)
             .await
-            .map_err(|s| self.worker_failed(lease.worker(), s))?;
+            .map_err(|s| self.worker_failed(lease.worker(), process.pid, s))?;
         drop(ticket);
         Ok(resp)
     }
@@ -89,37 +92,37 @@ impl Front {
     /// the caller sees. An error naming a fatal GPU fault (the worker's CUDA
     /// context is gone, e.g. Triton after an illegal address) is reported as
     /// a fault and answered UNAVAILABLE, so the client retries elsewhere.
-    fn worker_failed(&self, worker: &Worker, s: Status) -> Status {
+    fn worker_failed(&self, worker: &Worker, pid: u32, s: Status) -> Status {
         if !matches!(s.code(), Code::Internal | Code::Unknown) {
             return s;
         }
         if let Some(pattern) = self.patterns.find(s.message()) {
-            worker.report(Input::Sentinel(Event::FaultLine {
+            let event = Event::FaultLine {
                 pattern: pattern.to_string(),
                 line: s.message().to_string(),
-            }));
+            };
+            worker.report(Input::Process { pid, event });
             return AgentError::WorkerUnreachable {
                 worker: worker.id().to_string(),
                 reason: format!("worker failed: {}", s.message()),
             }
             .into();
         }
-        worker.report(Input::Sentinel(Event::RequestError));
+        worker.report(Input::Process {
+            pid,
+            event: Event::RequestError,
+        });
         s
     }
 }
 
-/// Sends `req` to the leased worker with what is left of the deadline.
+/// Sends `req` to `worker` with what is left of the deadline.
 async fn forward(
-    lease: &Lease,
+    worker: &Worker,
+    mut client: GrpcInferenceServiceClient<Channel>,
     req: ModelInferRequest,
     deadline: Option<Instant>,
 ) -> Result<Response<ModelInferResponse>, Status> {
-    let worker = lease.worker();
-    let mut client = lease
-        .process()
-        .map(|p| p.client)
-        .ok_or_else(|| AgentError::NoReadyWorker(req.model_name.clone()))?;
     let mut out = Request::new(req);
     if let Some(d) = deadline {
         let left = d.saturating_duration_since(Instant::now());

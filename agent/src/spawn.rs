@@ -77,10 +77,10 @@ pub fn spawn(worker: &Arc<Worker>, patterns: &Arc<FaultPatterns>) -> io::Result<
     let mut child = cmd.spawn()?;
     let pid = child.id().unwrap_or_default();
     if let Some(out) = child.stdout.take() {
-        forward_lines(Arc::clone(worker), Arc::clone(patterns), "stdout", out);
+        forward_lines(Arc::clone(worker), Arc::clone(patterns), pid, "stdout", out);
     }
     if let Some(err) = child.stderr.take() {
-        forward_lines(Arc::clone(worker), Arc::clone(patterns), "stderr", err);
+        forward_lines(Arc::clone(worker), Arc::clone(patterns), pid, "stderr", err);
     }
     Ok(Spawned {
         child,
@@ -122,6 +122,7 @@ fn is_executable(p: &Path) -> bool {
 fn forward_lines(
     worker: Arc<Worker>,
     patterns: Arc<FaultPatterns>,
+    pid: u32,
     stream: &'static str,
     reader: impl AsyncRead + Unpin + Send + 'static,
 ) {
@@ -132,10 +133,11 @@ fn forward_lines(
                 Ok(Some(line)) => {
                     if let Some(pattern) = patterns.find(&line) {
                         tracing::error!(target: "infermesh::worker", worker = %worker.id(), stream, pattern, "{line}");
-                        worker.report(Input::Sentinel(Event::FaultLine {
+                        let event = Event::FaultLine {
                             pattern: pattern.to_string(),
                             line: line.clone(),
-                        }));
+                        };
+                        worker.report(Input::Process { pid, event });
                     } else {
                         tracing::info!(target: "infermesh::worker", worker = %worker.id(), stream, "{line}");
                     }

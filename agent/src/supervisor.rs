@@ -48,7 +48,7 @@ pub struct Context {
     pub max_message_bytes: usize,
     /// Fault patterns for worker output.
     pub patterns: Arc<FaultPatterns>,
-    /// Sentinel policy (startup timeout and kill grace come from the worker spec).
+    /// Sentinel policy (the startup timeout comes from the worker spec).
     pub sentinel: SentinelConfig,
     /// Liveness probe interval.
     pub probe_interval: Duration,
@@ -78,7 +78,6 @@ pub async fn supervise(
 ) {
     let config = SentinelConfig {
         startup_timeout: worker.spec.startup_timeout,
-        kill_grace: worker.spec.stop_grace,
         ..ctx.sentinel.clone()
     };
     let mut driver = Driver {
@@ -125,6 +124,13 @@ impl Driver {
             tokio::select! {
                 input = self.inputs.recv() => match input {
                     Some(Input::Sentinel(event)) => self.feed(event),
+                    Some(Input::Process { pid, event }) => {
+                        if self.pid == Some(pid) {
+                            self.feed(event);
+                        } else {
+                            tracing::debug!(worker = %self.worker.id(), pid, ?event, "report about a former process ignored");
+                        }
+                    }
                     Some(Input::Stop) | None => {
                         self.stop().await;
                         return;

@@ -39,6 +39,15 @@ pub struct WorkerEvent {
 pub enum Input {
     /// An event for the worker's sentinel.
     Sentinel(Event),
+    /// An event about one process of the worker (its output, its answers).
+    /// Dropped when that process is no longer the current one, so a late
+    /// report about a dead process never counts against its replacement.
+    Process {
+        /// The process the event is about.
+        pid: u32,
+        /// The event.
+        event: Event,
+    },
     /// The agent is stopping: stop the worker and end the driver.
     Stop,
 }

@@ -11,6 +11,12 @@
 //! sent after the agent stopped routing to the victim are counted apart —
 //! that number must be 0.
 //!
+//! Each injection waits until every worker is routable and out of its crash
+//! loop (no restart since its last `stable` event), so it measures the
+//! response to one fault; give the agent a short `sentinel.stable_period`
+//! (`scripts/drill.sh` uses 1 s) or the drill waits that long between
+//! injections into the same worker.
+//!
 //! Needs an agent whose workers are `infermesh-testworker`s (for the
 //! process faults) and `gpu.backend = "fake"` with `gpu = N` per worker (for
 //! the Xid faults). A quarantine (Xid 79) is terminal, so it runs at most
@@ -407,7 +413,18 @@ fn find(workers: &[WorkerStatus], id: &str) -> Result<WorkerStatus, String> {
         .ok_or_else(|| format!("worker {id} disappeared"))
 }
 
-/// Waits until every worker that is not quarantined is routable.
+/// Whether the worker is out of any crash loop: no restart since its last
+/// `stable` event. Injecting into a worker still in its stable period would
+/// measure the crash-loop backoff, not the response to one fault.
+fn settled(w: &WorkerStatus) -> bool {
+    w.events
+        .iter()
+        .rev()
+        .find(|e| e.kind == "restart" || e.kind == "stable")
+        .is_none_or(|e| e.kind == "stable")
+}
+
+/// Waits until every worker that is not quarantined is routable and settled.
 async fn wait_all_routable(
     admin: &mut AdminClient<Channel>,
     patience: Duration,
@@ -417,7 +434,7 @@ async fn wait_all_routable(
         let workers = status(admin).await?;
         if workers
             .iter()
-            .all(|w| w.routable || w.state == "quarantined")
+            .all(|w| (w.routable && settled(w)) || w.state == "quarantined")
         {
             return Ok(workers);
         }
