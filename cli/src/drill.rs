@@ -315,20 +315,9 @@ async fn drill_one(
         let t0 = unix_micros();
         inject(fault, &victim, &mut admin).await?;
         let deadline = Instant::now() + args.patience;
-        let stopped = loop {
-            let w = find(&status(&mut admin).await?, &victim.id)?;
-            if let Some(e) = w
-                .events
-                .iter()
-                .find(|e| e.kind == "stop_routing" && e.unix_micros >= t0)
-            {
-                break Some(e.unix_micros);
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        };
+        let stopped = wait_for_event(&mut admin, &victim.id, "stop_routing", t0, deadline)
+            .await?
+            .map(|(at, _)| at);
         let Some(stopped) = stopped else {
             eprintln!(
                 "{}: injection {} into {} was not detected within {:?}",
@@ -345,20 +334,8 @@ async fn drill_one(
             detection_windows.push((stopped, u64::MAX));
             continue;
         }
-        let resumed = loop {
-            let w = find(&status(&mut admin).await?, &victim.id)?;
-            if let Some(e) = w
-                .events
-                .iter()
-                .find(|e| e.kind == "resume_routing" && e.unix_micros >= stopped)
-            {
-                break Some((e.unix_micros, w.startup_ms));
-            }
-            if Instant::now() > deadline {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        let resumed =
+            wait_for_event(&mut admin, &victim.id, "resume_routing", stopped, deadline).await?;
         match resumed {
             Some((at, startup_ms)) => {
                 detection_windows.push((stopped, at));
@@ -403,6 +380,32 @@ async fn drill_one(
         failed: in_window.iter().filter(|s| !s.ok).count() as u64,
         failed_after_detection: failed_after,
     })
+}
+
+/// Polls the worker's event log until an event of `kind` at or after
+/// `after` (Unix µs) shows up; returns its time and the worker's startup
+/// time then, or `None` past `deadline`.
+async fn wait_for_event(
+    admin: &mut AdminClient<Channel>,
+    worker: &str,
+    kind: &str,
+    after: u64,
+    deadline: Instant,
+) -> Result<Option<(u64, u64)>, String> {
+    loop {
+        let w = find(&status(admin).await?, worker)?;
+        if let Some(e) = w
+            .events
+            .iter()
+            .find(|e| e.kind == kind && e.unix_micros >= after)
+        {
+            return Ok(Some((e.unix_micros, w.startup_ms)));
+        }
+        if Instant::now() > deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 fn find(workers: &[WorkerStatus], id: &str) -> Result<WorkerStatus, String> {
