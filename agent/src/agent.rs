@@ -16,6 +16,7 @@ use crate::front::Front;
 use crate::gpu;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use crate::registry::{self, Advertised, Phase};
 use crate::supervisor::{self, Context};
 use crate::trailer::LoadReportLayer;
 use crate::worker::{Input, Worker};
@@ -116,6 +117,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         Arc::clone(&pool),
         Arc::clone(&metrics),
     ));
+    let (set_phase, phase_rx) = watch::channel(Phase::Serving);
+    let registration = cfg.registry.clone().map(|rcfg| {
+        let advertised = Advertised {
+            node_id: cfg.node_id.clone(),
+            grpc: cfg.advertise.clone(),
+            admin: admin_listen.to_string(),
+            score: cfg.weight,
+            gpus: Arc::clone(&gpus),
+            pool: Arc::clone(&pool),
+        };
+        tokio::spawn(registry::run(rcfg, advertised, phase_rx))
+    });
     let stop_workers = || {
         for w in pool.workers() {
             w.report(Input::Stop);
@@ -181,6 +194,8 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     let in_flight = pool.load().in_flight;
     tracing::info!(in_flight, grace = ?cfg.shutdown_grace, "shutting down: draining in-flight requests");
     pool.set_stopping();
+    // Clients see `draining` and stop sending new requests while in-flight ones finish.
+    let _ = set_phase.send(Phase::Draining);
     let _ = stop_serving.send(true);
     let _ = serving_rx.borrow_and_update();
     match tokio::time::timeout(cfg.shutdown_grace, &mut oip).await {
@@ -191,6 +206,17 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
                 "shutdown grace ran out; stopping with requests in flight"
             );
             oip.abort();
+        }
+    }
+    let _ = set_phase.send(Phase::Gone);
+    if let Some(r) = registration {
+        if tokio::time::timeout(std::time::Duration::from_secs(3), r)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "registry did not confirm the deregistration in 3 s; the record goes with the session"
+            );
         }
     }
     stop_workers();

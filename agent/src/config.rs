@@ -8,8 +8,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use infermesh_gpu::{Backend, XidAction, XidPolicy};
+use infermesh_proto::registry::{DEFAULT_SESSION_TIMEOUT, RegistryUrl, valid_name};
 use infermesh_sentinel::{FaultPatterns, SentinelConfig};
 use serde::Deserialize;
+
+use crate::registry::RegistryConfig;
 
 /// The config file as written (all fields optional; defaults filled in by
 /// [`AgentConfig::from_raw`]).
@@ -40,6 +43,9 @@ pub struct RawConfig {
     /// GPU telemetry and the Xid policy.
     #[serde(default)]
     pub gpu: RawGpu,
+    /// Where to advertise this node.
+    #[serde(default)]
+    pub registry: RawRegistry,
     /// Worker processes.
     #[serde(default)]
     pub workers: Vec<RawWorker>,
@@ -90,6 +96,23 @@ pub struct RawSentinel {
     /// Added to the fault patterns.
     #[serde(default)]
     pub extra_fault_patterns: Vec<String>,
+}
+
+/// `[registry]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegistry {
+    /// `zk://host:port[,host:port...][/chroot]`; leave out to not register.
+    pub url: Option<String>,
+    /// Service this node serves.
+    pub service: Option<String>,
+    /// Zone (rack, availability zone).
+    pub zone: Option<String>,
+    /// ZooKeeper session timeout (a crashed node disappears after it).
+    #[serde(default, with = "humantime_serde")]
+    pub session_timeout: Option<Duration>,
+    /// OIP address clients should use, when `listen` is not it (e.g. 0.0.0.0).
+    pub advertise: Option<String>,
 }
 
 /// `[gpu]`.
@@ -174,6 +197,10 @@ pub struct AgentConfig {
     pub fake_gpus: u32,
     /// Xid policy.
     pub xid_policy: XidPolicy,
+    /// Registration, if any.
+    pub registry: Option<RegistryConfig>,
+    /// OIP address advertised to clients.
+    pub advertise: String,
     /// Workers.
     pub workers: Vec<WorkerSpec>,
 }
@@ -274,6 +301,7 @@ impl AgentConfig {
         let sentinel = sentinel_config(&raw.sentinel, &mut problems);
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
+        let registry = registry_config(&raw.registry, &mut problems);
         let probe_interval = raw
             .sentinel
             .probe_interval
@@ -351,6 +379,12 @@ impl AgentConfig {
                 gpu_backend,
                 fake_gpus: raw.gpu.fake_devices.unwrap_or(2),
                 xid_policy,
+                registry,
+                advertise: raw
+                    .registry
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| listen.to_string()),
                 workers,
             }),
             _ => Err(ConfigError(problems)),
@@ -391,6 +425,38 @@ fn fault_patterns(raw: &RawSentinel, problems: &mut Vec<String>) -> FaultPattern
     FaultPatterns::new(list).unwrap_or_else(|e| {
         problems.push(format!("sentinel.fault_patterns: {e}"));
         FaultPatterns::defaults()
+    })
+}
+
+fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<RegistryConfig> {
+    let url = raw.url.as_ref()?;
+    let url = match url.parse::<RegistryUrl>() {
+        Ok(u) => u,
+        Err(e) => {
+            problems.push(format!("registry.url: {e}"));
+            return None;
+        }
+    };
+    let service = raw.service.clone().unwrap_or_else(|| "default".into());
+    if !valid_name(&service) {
+        problems.push(format!(
+            "registry.service: '{service}' must be letters, digits, '-', '_' or '.'"
+        ));
+    }
+    if let Some(a) = &raw.advertise {
+        if a.parse::<SocketAddr>().is_err() {
+            problems.push(format!("registry.advertise: '{a}' is not ip:port"));
+        }
+    }
+    let session_timeout = raw.session_timeout.unwrap_or(DEFAULT_SESSION_TIMEOUT);
+    if session_timeout < Duration::from_secs(1) {
+        problems.push("registry.session_timeout: at least 1s".into());
+    }
+    Some(RegistryConfig {
+        url,
+        service,
+        zone: raw.zone.clone().unwrap_or_default(),
+        session_timeout,
     })
 }
 
@@ -543,6 +609,22 @@ mod tests {
             Some("MY_FATAL")
         );
         assert!(cfg.fault_patterns.find("CUDA error: x").is_some());
+    }
+
+    #[test]
+    fn registry_section_is_checked() {
+        let raw = RawConfig::from_toml(
+            "[registry]\nurl = \"zk://127.0.0.1:2181/im\"\nservice = \"eta\"\n[[workers]]\ncommand = \"w\"\n",
+        )
+        .unwrap();
+        let cfg = AgentConfig::from_raw(raw).unwrap();
+        assert_eq!(cfg.registry.unwrap().service, "eta");
+        let raw = RawConfig::from_toml(
+            "[registry]\nurl = \"zk://nohost\"\nservice = \"a/b\"\n[[workers]]\ncommand = \"w\"\n",
+        )
+        .unwrap();
+        let text = AgentConfig::from_raw(raw).unwrap_err().to_string();
+        assert!(text.contains("registry.url"), "{text}");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! - [`gpu`]: GPU Xid events → the Xid policy → the workers on that GPU.
 //! - [`pool`]: admission, least-in-flight dispatch, the bounded per-model queue.
 //! - [`front`]: the OIP service; [`trailer`]: the load report on each response.
+//! - [`registry`]: the node's record in ZooKeeper.
 //! - [`admin`], [`metrics`]: `/metrics`, `/livez`, `/readyz`, admin gRPC.
 //! - [`agent::run`]: start, serve, graceful shutdown.
 //!
@@ -32,6 +33,7 @@ pub mod gpu;
 pub mod metrics;
 pub mod pdeathsig;
 pub mod pool;
+pub mod registry;
 pub mod spawn;
 pub mod supervisor;
 pub mod trailer;

@@ -35,6 +35,15 @@ pub struct AgentArgs {
     /// cross-thread wake-ups and latency.
     #[arg(long)]
     threads: Option<usize>,
+    /// Registry to advertise this node in: zk://host:port[,host:port...][/chroot].
+    #[arg(long)]
+    registry: Option<String>,
+    /// Service name in the registry [default: default].
+    #[arg(long)]
+    service: Option<String>,
+    /// Zone (rack, availability zone) advertised in the registry.
+    #[arg(long)]
+    zone: Option<String>,
     /// A worker command line (repeatable); added to the config file's workers.
     #[arg(long = "worker", value_name = "COMMAND LINE")]
     workers: Vec<String>,
@@ -94,6 +103,15 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     }
     if let Some(a) = &args.admin_listen {
         raw.admin_listen = Some(a.clone());
+    }
+    if args.registry.is_some() {
+        raw.registry.url = args.registry.clone();
+    }
+    if args.service.is_some() {
+        raw.registry.service = args.service.clone();
+    }
+    if args.zone.is_some() {
+        raw.registry.zone = args.zone.clone();
     }
     if args.threads.is_some() {
         raw.threads = args.threads;

@@ -9,6 +9,8 @@
 //! - [`tensor`]: datatypes and request validation shared by everything that
 //!   accepts `ModelInfer` (the agent front and the test worker).
 //! - [`load`]: the load report an agent attaches to every response's trailers.
+//! - [`registry`]: the `NodeRecord` agents advertise in ZooKeeper and the
+//!   registry URL (`zk://...`, `static://...`).
 //!
 //! Protos are compiled by the pure-Rust `protox` (no `protoc` anywhere);
 //! tensor payloads (`raw_input_contents`, `raw_output_contents`) are
@@ -16,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod load;
+pub mod registry;
 pub mod tensor;
 
 /// The Open Inference Protocol (`inference` package).

@@ -10,6 +10,8 @@
 //! state) with a generous deadline, never a bare sleep.
 #![forbid(unsafe_code)]
 
+pub mod zk;
+
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -129,15 +131,20 @@ impl AgentBuilder {
         cmd.arg("agent")
             .args(["--listen", &format!("127.0.0.1:{oip}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .args(["--node-id", "test-node"])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("agent.out")).unwrap())
             .stderr(std::fs::File::create(&log).unwrap());
-        if let Some(toml) = &self.config {
-            let path = dir.join("agent.toml");
-            std::fs::write(&path, toml).unwrap();
-            cmd.arg("--config").arg(path);
+        match &self.config {
+            Some(toml) => {
+                let path = dir.join("agent.toml");
+                std::fs::write(&path, toml).unwrap();
+                cmd.arg("--config").arg(path);
+            }
+            // Flags override the file, so the node id is only set without one.
+            None => {
+                cmd.args(["--node-id", "test-node"]);
+            }
         }
         for w in &self.workers {
             cmd.args(["--worker", w]);
@@ -230,6 +237,11 @@ impl Agent {
         let mut child = self.child.take().expect("running");
         kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
         child.wait().unwrap()
+    }
+
+    /// Waits for an agent that was sent SIGTERM (by the test) to exit.
+    pub fn terminate_wait(&mut self) -> ExitStatus {
+        self.child.take().expect("running").wait().unwrap()
     }
 
     /// Kills the agent with SIGKILL and reaps it.

@@ -1,0 +1,269 @@
+//! The balancer core: which node gets the next request.
+//!
+//! [`Balancer`] is a sans-IO state machine. The driver (discovery watcher,
+//! request path) feeds it membership from discovery ([`Balancer::set_nodes`]),
+//! each request's send and response ([`Balancer::on_send`],
+//! [`Balancer::on_response`]) and the agents' load reports
+//! ([`Balancer::on_load_report`]), each stamped with an explicit `now`, and
+//! asks it for a node per attempt ([`Balancer::pick`]). It reads no clock,
+//! does no I/O and draws its randomness from a seeded RNG, so tests and the
+//! simulation in `tests/simulation.rs` replay exactly.
+//!
+//! Per node it keeps a peak-EWMA latency estimate (`peak_ewma.rs`), its own
+//! in-flight count, the latest load report (`load.rs`), the failure streak
+//! and ejection history (`ejection.rs`) and the slow-start ramp
+//! (`slow_start.rs`). The node's cost, the expected wait for one more
+//! request, is
+//!
+//! ```text
+//! cost = peak_ewma_latency × (in_flight + others_in_flight + 1) / effective_weight
+//! effective_weight = (fresh reported weight, else advertised weight) × slow_start_factor
+//! ```
+//!
+//! A pick goes through these steps (`pick.rs` has the choice itself):
+//!
+//! 1. Candidates: nodes not excluded by the caller, not draining, with
+//!    positive weight. Among them, the first non-empty tier wins:
+//!    serving and not ejected; else degraded and not ejected; else ejected
+//!    (serving or degraded). Falling back to ejected nodes rather than
+//!    failing means a request is never refused while some node might serve
+//!    it, for instance when retries have excluded all the healthy ones.
+//! 2. If the local node is a candidate, it is compared against the better of
+//!    two remote candidates sampled by weight and kept while
+//!    `local_cost <= local_bias × remote_cost`.
+//! 3. Otherwise power of two choices among the candidates: two distinct
+//!    nodes sampled by weight, the cheaper one wins.
+//!
+//! Ejection follows consecutive failures, but never beyond
+//! `max_ejected_share` of the membership: a node that fails while the cap is
+//! reached stays in rotation ("panic mode"), and is ejected by a later
+//! failure once a slot frees up.
+
+mod config;
+mod ejection;
+mod load;
+mod node;
+mod peak_ewma;
+mod pick;
+mod slow_start;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+pub use config::BalancerConfig;
+pub use load::LoadReport;
+pub use node::{NodeId, NodeInfo, NodeState, Outcome};
+pub use pick::{Pick, PickError};
+
+use node::Node;
+use pick::Candidate;
+
+/// Local-first, power-of-two-choices load balancer over a set of nodes.
+#[derive(Debug)]
+pub struct Balancer {
+    config: BalancerConfig,
+    /// Sorted by id, so that iteration order (and so every seeded run) is
+    /// deterministic.
+    nodes: Vec<Node>,
+    rng: SmallRng,
+    /// Reused by `pick` to avoid allocating per request.
+    remotes: Vec<Candidate>,
+}
+
+/// How much a candidate is preferred; the lowest tier present wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Tier {
+    Serving,
+    Degraded,
+    Ejected,
+}
+
+impl Balancer {
+    /// A balancer with no nodes yet, drawing its randomness from `seed`.
+    pub fn new(config: BalancerConfig, seed: u64) -> Self {
+        Self {
+            config,
+            nodes: Vec::new(),
+            rng: SmallRng::seed_from_u64(seed),
+            remotes: Vec::new(),
+        }
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &BalancerConfig {
+        &self.config
+    }
+
+    /// Replaces the membership with discovery's latest view. New nodes start
+    /// their slow start at `now`; removed nodes are forgotten (a node that is
+    /// removed and comes back starts afresh); existing nodes keep their
+    /// statistics and take the new weight and state. A node that comes back
+    /// from draining or from zero weight slow-starts again. If an id appears
+    /// twice, the first entry wins.
+    pub fn set_nodes(&mut self, now: Instant, nodes: Vec<NodeInfo>) {
+        let mut old: BTreeMap<NodeId, Node> = std::mem::take(&mut self.nodes)
+            .into_iter()
+            .map(|n| (n.info.id.clone(), n))
+            .collect();
+        let mut infos = nodes;
+        infos.sort_by(|a, b| a.id.cmp(&b.id));
+        infos.dedup_by(|later, first| later.id == first.id);
+        self.nodes = infos
+            .into_iter()
+            .map(|info| match old.remove(&info.id) {
+                Some(mut node) => {
+                    node.update(now, info, &self.config);
+                    node
+                }
+                None => Node::new(now, info, &self.config),
+            })
+            .collect();
+    }
+
+    /// Chooses a node for a request, never one in `exclude` (the nodes this
+    /// request has already tried).
+    pub fn pick(&mut self, now: Instant, exclude: &[NodeId]) -> Result<Pick, PickError> {
+        if self.nodes.is_empty() {
+            return Err(PickError::NoNodes);
+        }
+        let local_id = self.config.local_node.as_deref();
+        let mut best_tier = None;
+        let mut local = None;
+        self.remotes.clear();
+        for (index, node) in self.nodes.iter().enumerate() {
+            let Some(tier) = self.tier(now, node, exclude) else {
+                continue;
+            };
+            match best_tier {
+                Some(best) if tier > best => continue,
+                Some(best) if tier == best => {}
+                _ => {
+                    best_tier = Some(tier);
+                    local = None;
+                    self.remotes.clear();
+                }
+            }
+            let candidate = Candidate {
+                index,
+                weight: node.weight(now, &self.config),
+            };
+            if Some(node.id()) == local_id {
+                local = Some(candidate);
+            } else {
+                self.remotes.push(candidate);
+            }
+        }
+        let nodes = &self.nodes;
+        let config = &self.config;
+        let chosen = pick::choose(
+            &mut self.rng,
+            local,
+            &self.remotes,
+            config.local_bias,
+            |i| nodes[i].cost(now, config),
+        )
+        .ok_or(PickError::AllUnavailable)?;
+        let node = self.nodes[chosen].id();
+        Ok(Pick {
+            local: Some(node) == local_id,
+            node: node.to_string(),
+        })
+    }
+
+    /// Where `node` stands as a candidate, or `None` if it cannot be picked.
+    fn tier(&self, now: Instant, node: &Node, exclude: &[NodeId]) -> Option<Tier> {
+        if node.info.state == NodeState::Draining
+            || node.weight(now, &self.config) <= 0.0
+            || exclude.iter().any(|e| e == node.id())
+        {
+            return None;
+        }
+        Some(if node.is_ejected(now) {
+            Tier::Ejected
+        } else if node.info.state == NodeState::Serving {
+            Tier::Serving
+        } else {
+            Tier::Degraded
+        })
+    }
+
+    /// A request was sent to `node`. Unknown nodes are ignored.
+    pub fn on_send(&mut self, _now: Instant, node: &str) {
+        if let Some(n) = self.node_mut(node) {
+            n.on_send();
+        }
+    }
+
+    /// A request to `node` finished after `latency` with `outcome`: the node's
+    /// in-flight count drops; a success is a latency sample and ends a
+    /// failure streak; a failure may eject the node. Unknown nodes (removed
+    /// while the request was in flight) are ignored.
+    pub fn on_response(&mut self, now: Instant, node: &str, latency: Duration, outcome: Outcome) {
+        let Some(index) = self.index(node) else {
+            return;
+        };
+        match outcome {
+            Outcome::Success => self.nodes[index].on_success(now, latency, &self.config),
+            Outcome::Neutral => self.nodes[index].on_neutral(),
+            Outcome::Failure => {
+                if self.nodes[index].on_failure(now, &self.config) && self.may_eject(now) {
+                    self.nodes[index].eject(now, &self.config, &mut self.rng);
+                }
+            }
+        }
+    }
+
+    /// Whether one more node may be ejected at `now` without exceeding
+    /// `max_ejected_share` of the membership.
+    fn may_eject(&self, now: Instant) -> bool {
+        let share = self.config.max_ejected_share.clamp(0.0, 1.0);
+        // Rounds down; NaN gives zero. A single node is never ejected with
+        // the default share: there would be nothing to fail over to.
+        let cap = (share * self.nodes.len() as f64).floor() as usize;
+        let ejected = self.nodes.iter().filter(|n| n.is_ejected(now)).count();
+        ejected < cap
+    }
+
+    /// The agent of `node` reported its load (from a response's trailers).
+    /// Pass it after the [`on_response`](Self::on_response) of that response.
+    pub fn on_load_report(&mut self, now: Instant, node: &str, report: LoadReport) {
+        let Some(index) = self.index(node) else {
+            return;
+        };
+        self.nodes[index].on_report(now, report, &self.config);
+    }
+
+    /// The node's current cost (expected seconds of wait per unit of weight;
+    /// infinite without weight), or `None` for an unknown node.
+    pub fn cost(&self, now: Instant, node: &str) -> Option<f64> {
+        self.node(node).map(|n| n.cost(now, &self.config))
+    }
+
+    /// Whether `node` is ejected at `now` (false for an unknown node).
+    pub fn is_ejected(&self, now: Instant, node: &str) -> bool {
+        self.node(node).is_some_and(|n| n.is_ejected(now))
+    }
+
+    /// The known nodes, sorted by id.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        self.nodes.iter().map(|n| n.info.id.clone()).collect()
+    }
+
+    fn index(&self, node: &str) -> Option<usize> {
+        self.nodes.binary_search_by(|n| n.id().cmp(node)).ok()
+    }
+
+    fn node(&self, node: &str) -> Option<&Node> {
+        self.index(node).map(|i| &self.nodes[i])
+    }
+
+    fn node_mut(&mut self, node: &str) -> Option<&mut Node> {
+        self.index(node).map(|i| &mut self.nodes[i])
+    }
+}
+
+#[cfg(test)]
+mod tests;

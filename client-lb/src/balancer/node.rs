@@ -1,0 +1,272 @@
+//! What the balancer is told about nodes, and what it keeps per node.
+
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+
+use super::config::BalancerConfig;
+use super::ejection::Ejection;
+use super::load::{LatestReport, LoadReport};
+use super::peak_ewma::PeakEwma;
+use super::slow_start::SlowStart;
+
+/// A node's name in discovery (the agent's registration name).
+pub type NodeId = String;
+
+/// A node's advertised state, from discovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Healthy; takes traffic.
+    Serving,
+    /// Being drained by an operator or shutting down: takes no new requests.
+    Draining,
+    /// Up, but its sentinel reports soft faults: used only when no serving
+    /// node is available.
+    Degraded,
+}
+
+/// A node as discovery advertises it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    /// The node's name.
+    pub id: NodeId,
+    /// Relative capacity (GPU kind × count × share of workers ready). Zero,
+    /// negative or non-finite weights make the node unpickable.
+    pub weight: f64,
+    /// The node's state.
+    pub state: NodeState,
+    /// The node's zone (informational for now).
+    pub zone: String,
+}
+
+/// How a request ended, as far as the node's health is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The node answered; its latency is a load sample.
+    Success,
+    /// The node could not serve it: connection error, `UNAVAILABLE`,
+    /// `RESOURCE_EXHAUSTED`, an internal error. Counts toward ejection.
+    Failure,
+    /// The caller's fault (`INVALID_ARGUMENT`, `NOT_FOUND`, a cancelled
+    /// request): says nothing about the node.
+    Neutral,
+}
+
+/// Everything the balancer keeps about one node.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    pub(crate) info: NodeInfo,
+    latency: PeakEwma,
+    /// This client's requests sent to the node and not yet answered.
+    in_flight: u64,
+    report: Option<LatestReport>,
+    slow_start: SlowStart,
+    ejection: Ejection,
+}
+
+impl Node {
+    /// A node that joins at `now`; it starts its slow start.
+    pub(crate) fn new(now: Instant, info: NodeInfo, config: &BalancerConfig) -> Self {
+        Self {
+            info,
+            latency: PeakEwma::new(now, config.default_rtt, config.ewma_decay),
+            in_flight: 0,
+            report: None,
+            slow_start: SlowStart::new(now),
+            ejection: Ejection::default(),
+        }
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.info.id
+    }
+
+    /// Takes discovery's new view of the node, keeping its statistics.
+    pub(crate) fn update(&mut self, now: Instant, info: NodeInfo, config: &BalancerConfig) {
+        let before = self.admits(now, config.load_report_ttl);
+        self.info = info;
+        self.ramp_if_returning(now, before, config.load_report_ttl);
+    }
+
+    /// Takes a load report received at `now`.
+    pub(crate) fn on_report(&mut self, now: Instant, report: LoadReport, config: &BalancerConfig) {
+        let before = self.admits(now, config.load_report_ttl);
+        self.report = Some(LatestReport::new(now, report, self.in_flight));
+        self.ramp_if_returning(now, before, config.load_report_ttl);
+    }
+
+    /// A node that comes back from draining or from zero weight has been idle
+    /// as surely as a new one: it slow-starts too.
+    fn ramp_if_returning(&mut self, now: Instant, before: bool, ttl: Duration) {
+        if !before && self.admits(now, ttl) {
+            self.slow_start.restart(now);
+        }
+    }
+
+    /// Whether discovery and the agent let the node take new requests at all.
+    fn admits(&self, now: Instant, ttl: Duration) -> bool {
+        self.info.state != NodeState::Draining && self.base_weight(now, ttl) > 0.0
+    }
+
+    /// The weight before slow start: a fresh report's, else the advertised
+    /// one; zero if not a positive finite number.
+    fn base_weight(&self, now: Instant, ttl: Duration) -> f64 {
+        let weight = self
+            .report
+            .and_then(|r| r.weight(now, ttl))
+            .unwrap_or(self.info.weight);
+        if weight.is_finite() && weight > 0.0 {
+            weight
+        } else {
+            0.0
+        }
+    }
+
+    /// The effective weight: base weight × slow-start factor. Zero means the
+    /// node cannot be picked.
+    pub(crate) fn weight(&self, now: Instant, config: &BalancerConfig) -> f64 {
+        self.base_weight(now, config.load_report_ttl)
+            * self.slow_start.factor(now, config.slow_start)
+    }
+
+    /// `latency × (in_flight + others + 1) / weight`: the expected wait, in
+    /// seconds, for one more request; infinite when the node has no weight.
+    pub(crate) fn cost(&self, now: Instant, config: &BalancerConfig) -> f64 {
+        let weight = self.weight(now, config);
+        if weight <= 0.0 {
+            return f64::INFINITY;
+        }
+        let others = self
+            .report
+            .and_then(|r| r.others(now, config.load_report_ttl))
+            .unwrap_or(0);
+        let load = self.in_flight.saturating_add(others).saturating_add(1);
+        self.latency.get(now) * load as f64 / weight
+    }
+
+    pub(crate) fn is_ejected(&self, now: Instant) -> bool {
+        self.ejection.is_ejected(now)
+    }
+
+    pub(crate) fn on_send(&mut self) {
+        self.in_flight = self.in_flight.saturating_add(1);
+    }
+
+    pub(crate) fn on_success(&mut self, now: Instant, latency: Duration, config: &BalancerConfig) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.latency.observe(now, latency);
+        self.ejection.on_success(now, config.eject_max);
+    }
+
+    /// Records a failure; returns whether the node should now be ejected.
+    pub(crate) fn on_failure(&mut self, now: Instant, config: &BalancerConfig) -> bool {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.ejection.on_failure(now, config.eject_after)
+    }
+
+    pub(crate) fn on_neutral(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+    }
+
+    /// Ejects the node; it slow-starts when it comes back.
+    pub(crate) fn eject(&mut self, now: Instant, config: &BalancerConfig, rng: &mut SmallRng) {
+        let until = self
+            .ejection
+            .eject(now, config.eject_base, config.eject_max, rng);
+        self.slow_start.restart(until);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn config() -> BalancerConfig {
+        BalancerConfig {
+            slow_start: Duration::ZERO,
+            ..BalancerConfig::default()
+        }
+    }
+
+    fn info(weight: f64, state: NodeState) -> NodeInfo {
+        NodeInfo {
+            id: "a".into(),
+            weight,
+            state,
+            zone: "z".into(),
+        }
+    }
+
+    fn report(in_flight: u64, weight: f64) -> LoadReport {
+        LoadReport {
+            in_flight,
+            queued: 0,
+            busy_ratio: 0.0,
+            weight,
+        }
+    }
+
+    #[test]
+    fn cost_is_latency_times_load_over_weight() {
+        let t0 = Instant::now();
+        let cfg = config();
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        assert!((n.cost(t0, &cfg) - 0.005 / 2.0).abs() < 1e-12);
+        n.on_send();
+        n.on_send();
+        assert!((n.cost(t0, &cfg) - 0.005 * 3.0 / 2.0).abs() < 1e-12);
+        // Three requests from other clients, per the agent.
+        n.on_report(t0, report(5, 2.0), &cfg);
+        assert!((n.cost(t0, &cfg) - 0.005 * 6.0 / 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_fresh_report_overrides_the_advertised_weight() {
+        let t0 = Instant::now();
+        let cfg = config();
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        n.on_report(t0, report(0, 4.0), &cfg);
+        assert_eq!(n.weight(t0, &cfg), 4.0);
+        let stale = t0 + cfg.load_report_ttl + MS;
+        assert_eq!(n.weight(stale, &cfg), 2.0);
+    }
+
+    #[test]
+    fn no_weight_means_infinite_cost() {
+        let t0 = Instant::now();
+        let cfg = config();
+        for w in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let n = Node::new(t0, info(w, NodeState::Serving), &cfg);
+            assert_eq!(n.weight(t0, &cfg), 0.0);
+            assert_eq!(n.cost(t0, &cfg), f64::INFINITY);
+        }
+    }
+
+    #[test]
+    fn returning_from_draining_or_zero_weight_slow_starts() {
+        let t0 = Instant::now();
+        let cfg = BalancerConfig::default();
+        let later = t0 + 2 * cfg.slow_start;
+        let mut n = Node::new(t0, info(2.0, NodeState::Draining), &cfg);
+        n.update(later, info(2.0, NodeState::Serving), &cfg);
+        assert!((n.weight(later, &cfg) - 0.2).abs() < 1e-12);
+
+        let much_later = later + 2 * cfg.slow_start;
+        assert_eq!(n.weight(much_later, &cfg), 2.0);
+        n.on_report(much_later, report(0, 0.0), &cfg);
+        n.on_report(much_later + MS, report(0, 2.0), &cfg);
+        assert!(n.weight(much_later + MS, &cfg) < 0.21);
+    }
+
+    #[test]
+    fn staying_up_does_not_restart_the_ramp() {
+        let t0 = Instant::now();
+        let cfg = BalancerConfig::default();
+        let later = t0 + 2 * cfg.slow_start;
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        n.update(later, info(3.0, NodeState::Degraded), &cfg);
+        assert_eq!(n.weight(later, &cfg), 3.0);
+    }
+}
