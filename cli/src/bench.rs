@@ -32,8 +32,22 @@ const ROW_BYTES: usize = 64;
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// OIP gRPC endpoint, e.g. 127.0.0.1:8001 (an agent or a worker).
+    #[arg(
+        long,
+        required_unless_present = "registry",
+        conflicts_with = "registry"
+    )]
+    target: Option<String>,
+    /// Drive load through the client library instead: a registry URL
+    /// (zk://host:port[/chroot] or static://host:port,...).
+    #[arg(long, requires = "service")]
+    registry: Option<String>,
+    /// Service to call through the registry.
     #[arg(long)]
-    target: String,
+    service: Option<String>,
+    /// With --registry: this host's node id, preferred while healthy.
+    #[arg(long, requires = "registry")]
+    local_node: Option<String>,
     /// Model to call.
     #[arg(long, default_value = "dense")]
     model: String,
@@ -72,6 +86,9 @@ struct Report {
     requests: u64,
     errors: u64,
     errors_by_code: BTreeMap<String, u64>,
+    /// Successful requests per node (through the client library only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    requests_by_node: BTreeMap<String, u64>,
     duration_s: f64,
     throughput_rps: f64,
     /// Input tensor bytes sent per second by successful requests.
@@ -93,6 +110,92 @@ struct Latency {
 struct TaskResult {
     hist: Option<Histogram<u64>>,
     errors: BTreeMap<String, u64>,
+    nodes: BTreeMap<String, u64>,
+}
+
+/// Who the load goes to: one endpoint, or the fleet through the client library.
+#[derive(Clone)]
+enum Caller {
+    Direct(GrpcInferenceServiceClient<Channel>),
+    Mesh(infermesh_client::Client),
+}
+
+impl Caller {
+    /// One request; `Ok(node)` names the node when the client library chose it.
+    async fn call(
+        &self,
+        req: ModelInferRequest,
+        timeout: Duration,
+    ) -> Result<Option<String>, String> {
+        match self {
+            Caller::Direct(c) => {
+                let mut r = tonic::Request::new(req);
+                r.set_timeout(timeout);
+                c.clone()
+                    .model_infer(r)
+                    .await
+                    .map(|_| None)
+                    .map_err(|s| format!("{:?}", s.code()))
+            }
+            Caller::Mesh(c) => {
+                c.infer_on(req)
+                    .await
+                    .map(|(_, node)| Some(node))
+                    .map_err(|e| match e {
+                        infermesh_client::ClientError::Status(s) => format!("{:?}", s.code()),
+                        infermesh_client::ClientError::NoNode { .. } => "NoNode".to_string(),
+                        other => other.to_string(),
+                    })
+            }
+        }
+    }
+}
+
+/// A client to one endpoint, checked live (or ready, with `patience`).
+async fn direct(
+    target: &str,
+    size_bytes: usize,
+    patience: Duration,
+) -> Result<GrpcInferenceServiceClient<Channel>, i32> {
+    let uri = if target.contains("://") {
+        target.to_string()
+    } else {
+        format!("http://{target}")
+    };
+    let endpoint = Endpoint::from_shared(uri).map_err(|e| {
+        eprintln!("error: --target '{target}' is not a valid address: {e}");
+        exit::USAGE
+    })?;
+    let channel = endpoint
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .connect_lazy();
+    let max = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES.max(size_bytes * 2);
+    let client = GrpcInferenceServiceClient::new(channel)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+    wait_until_ready(&client, patience).await.map_err(|e| {
+        eprintln!("error: {target}: {e}");
+        exit::UNAVAILABLE
+    })?;
+    Ok(client)
+}
+
+/// Waits up to `patience` for the client library to know a serving node.
+async fn wait_for_nodes(
+    client: &infermesh_client::Client,
+    patience: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + patience.max(Duration::from_secs(5));
+    while client.nodes().is_empty() {
+        if Instant::now() >= deadline {
+            return Err("no node registered for the service".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 pub fn main(args: BenchArgs) -> i32 {
@@ -106,35 +209,44 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 async fn run(args: BenchArgs) -> i32 {
-    let uri = if args.target.contains("://") {
-        args.target.clone()
-    } else {
-        format!("http://{}", args.target)
-    };
-    let endpoint = match Endpoint::from_shared(uri.clone()) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!(
-                "error: --target '{}' is not a valid address: {e}",
-                args.target
-            );
-            return exit::USAGE;
+    let target_name = args.target.clone().unwrap_or_else(|| {
+        format!(
+            "{} service {}",
+            args.registry.as_deref().unwrap_or_default(),
+            args.service.as_deref().unwrap_or_default()
+        )
+    });
+    let caller = match (&args.target, &args.registry) {
+        (Some(target), _) => {
+            match direct(target, args.size_bytes as usize, args.wait_ready).await {
+                Ok(c) => Caller::Direct(c),
+                Err(code) => return code,
+            }
         }
+        (None, Some(registry)) => {
+            let mut builder = infermesh_client::Client::builder()
+                .registry(registry.clone())
+                .service(args.service.clone().unwrap_or_default())
+                .deadline(args.timeout);
+            if let Some(local) = &args.local_node {
+                builder = builder.local_node(local.clone());
+            }
+            match builder.build().await {
+                Ok(c) => {
+                    if let Err(e) = wait_for_nodes(&c, args.wait_ready).await {
+                        eprintln!("error: {target_name}: {e}");
+                        return exit::UNAVAILABLE;
+                    }
+                    Caller::Mesh(c)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::USAGE;
+                }
+            }
+        }
+        (None, None) => unreachable!("clap requires --target or --registry"),
     };
-    let channel = endpoint
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        .connect_lazy();
-    let max = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES.max(args.size_bytes as usize * 2);
-    let client = GrpcInferenceServiceClient::new(channel)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
-    if let Err(e) = wait_until_ready(&client, args.wait_ready).await {
-        eprintln!("error: {}: {e}", args.target);
-        return exit::UNAVAILABLE;
-    }
 
     let rows = (args.size_bytes as usize / ROW_BYTES).max(1);
     let input: Vec<f32> = (0..rows * 16)
@@ -168,7 +280,7 @@ async fn run(args: BenchArgs) -> i32 {
     let end = measure_from + args.duration;
     let tasks: Vec<_> = (0..args.concurrency)
         .map(|_| {
-            let (mut client, request, done) = (client.clone(), request.clone(), Arc::clone(&done));
+            let (caller, request, done) = (caller.clone(), request.clone(), Arc::clone(&done));
             let timeout = args.timeout;
             tokio::spawn(async move {
                 let mut result = TaskResult {
@@ -180,28 +292,26 @@ async fn run(args: BenchArgs) -> i32 {
                     if sent >= end {
                         break;
                     }
-                    let mut req = tonic::Request::new(request.clone());
-                    req.set_timeout(timeout);
-                    let outcome = client.model_infer(req).await;
+                    let outcome = caller.call(request.clone(), timeout).await;
                     let took = sent.elapsed();
                     if sent < measure_from {
                         continue;
                     }
                     match outcome {
-                        Ok(_) => {
+                        Ok(node) => {
                             let us = (took.as_micros() as u64).max(1);
                             result
                                 .hist
                                 .as_mut()
                                 .expect("histogram")
                                 .saturating_record(us);
+                            if let Some(node) = node {
+                                *result.nodes.entry(node).or_default() += 1;
+                            }
                             done.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(status) => {
-                            *result
-                                .errors
-                                .entry(format!("{:?}", status.code()))
-                                .or_default() += 1;
+                        Err(code) => {
+                            *result.errors.entry(code).or_default() += 1;
                         }
                     }
                 }
@@ -235,6 +345,7 @@ async fn run(args: BenchArgs) -> i32 {
 
     let mut hist = new_histogram();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut nodes: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
         let r = t.await.expect("bench task panicked");
         if let Some(h) = r.hist {
@@ -242,6 +353,9 @@ async fn run(args: BenchArgs) -> i32 {
         }
         for (code, n) in r.errors {
             *errors.entry(code).or_default() += n;
+        }
+        for (node, n) in r.nodes {
+            *nodes.entry(node).or_default() += n;
         }
     }
     if let Some(pb) = progress {
@@ -252,13 +366,14 @@ async fn run(args: BenchArgs) -> i32 {
     let error_count: u64 = errors.values().sum();
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     let report = Report {
-        target: args.target.clone(),
+        target: target_name.clone(),
         model: args.model.clone(),
         concurrency: args.concurrency,
         size_bytes,
         requests,
         errors: error_count,
         errors_by_code: errors,
+        requests_by_node: nodes,
         duration_s,
         throughput_rps: requests as f64 / duration_s,
         bytes_per_s: (requests as f64 * size_bytes as f64) / duration_s,
@@ -329,6 +444,9 @@ fn print_human(r: &Report) {
     );
     for (code, n) in &r.errors_by_code {
         println!("  {code}: {n}");
+    }
+    for (node, n) in &r.requests_by_node {
+        println!("  node {node}: {n} requests");
     }
     println!(
         "throughput {:.1} req/s  {:.2} MiB/s",

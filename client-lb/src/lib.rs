@@ -12,13 +12,35 @@
 //! that join or return. It takes `now` as an argument and a seed for its RNG,
 //! so it is tested by a deterministic simulation (`tests/simulation.rs`).
 //!
-//! To come in this crate: discovery behind a trait (ZooKeeper with a cache
-//! that survives an outage; `static://host:port,...` as the embedded
-//! default), the async driver that feeds the balancer, retries to a different
-//! node within a budget and the caller's deadline, and the transport ladder.
+//! Around it: [`discovery`] behind a trait (ZooKeeper with a cache that
+//! survives an outage; `static://host:port,...` as the embedded default) and
+//! the [`Client`] driver — one HTTP/2 connection per node, a deadline per
+//! call, retries on UNAVAILABLE / RESOURCE_EXHAUSTED / connection errors to a
+//! different node within a [`RetryBudget`] (20% of requests + 10/s), and a
+//! clear error when no node can take a request:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), infermesh_client::ClientError> {
+//! let client = infermesh_client::Client::builder()
+//!     .registry("zk://127.0.0.1:2181/infermesh")
+//!     .service("eta")
+//!     .local_node("gpu-node-1")
+//!     .build()
+//!     .await?;
+//! let y = client.infer_f32("dense", "INPUT0", &[1, 16], &[0.5; 16]).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! To come: the transport ladder (shared memory, RDMA, QUIC).
 #![forbid(unsafe_code)]
 
 pub mod balancer;
+mod client;
+pub mod discovery;
+mod retry_budget;
+
+pub use client::{Client, ClientBuilder, ClientError};
+pub use retry_budget::RetryBudget;
 
 pub use balancer::{
     Balancer, BalancerConfig, LoadReport, NodeId, NodeInfo, NodeState, Outcome, Pick, PickError,
