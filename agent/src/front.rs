@@ -144,9 +144,10 @@ async fn forward(
 /// elsewhere.
 fn worker_status(worker: &Worker, s: Status) -> Status {
     // A status the worker sent has no source error; one tonic made from a
-    // broken connection does.
+    // broken connection does, whatever its code (UNKNOWN for a reset body,
+    // INTERNAL for an h2 stream reset while the worker is being killed).
     let from_transport = std::error::Error::source(&s).is_some();
-    let transport = s.code() == Code::Unavailable || (s.code() == Code::Unknown && from_transport);
+    let transport = s.code() == Code::Unavailable || from_transport;
     if transport {
         AgentError::WorkerUnreachable {
             worker: worker.id().to_string(),

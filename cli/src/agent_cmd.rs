@@ -35,6 +35,9 @@ pub struct AgentArgs {
     /// cross-thread wake-ups and latency.
     #[arg(long)]
     threads: Option<usize>,
+    /// Capacity score of this node (advertised weight = score × share of workers ready) [default: 1].
+    #[arg(long)]
+    weight: Option<f64>,
     /// Registry to advertise this node in: zk://host:port[,host:port...][/chroot].
     #[arg(long)]
     registry: Option<String>,
@@ -103,6 +106,9 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     }
     if let Some(a) = &args.admin_listen {
         raw.admin_listen = Some(a.clone());
+    }
+    if args.weight.is_some() {
+        raw.weight = args.weight;
     }
     if args.registry.is_some() {
         raw.registry.url = args.registry.clone();

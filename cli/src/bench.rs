@@ -31,7 +31,9 @@ const ROW_BYTES: usize = 64;
 /// Send ModelInfer load to an OIP endpoint and report throughput and latency.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// OIP gRPC endpoint, e.g. 127.0.0.1:8001 (an agent or a worker).
+    /// OIP gRPC endpoint, e.g. 127.0.0.1:8001 (an agent or a worker). Several,
+    /// comma-separated, are called in turn (round robin: a baseline for the
+    /// client library's balancing).
     #[arg(
         long,
         required_unless_present = "registry",
@@ -89,6 +91,9 @@ struct Report {
     /// Successful requests per node (through the client library only).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     requests_by_node: BTreeMap<String, u64>,
+    /// When the client library last sent an attempt to each node (Unix ms).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    last_attempt_unix_ms_by_node: BTreeMap<String, u64>,
     duration_s: f64,
     throughput_rps: f64,
     /// Input tensor bytes sent per second by successful requests.
@@ -113,10 +118,10 @@ struct TaskResult {
     nodes: BTreeMap<String, u64>,
 }
 
-/// Who the load goes to: one endpoint, or the fleet through the client library.
+/// Who the load goes to: endpoints in turn, or the fleet through the client library.
 #[derive(Clone)]
 enum Caller {
-    Direct(GrpcInferenceServiceClient<Channel>),
+    Direct(Arc<[GrpcInferenceServiceClient<Channel>]>, Arc<AtomicU64>),
     Mesh(infermesh_client::Client),
 }
 
@@ -128,13 +133,16 @@ impl Caller {
         timeout: Duration,
     ) -> Result<Option<String>, String> {
         match self {
-            Caller::Direct(c) => {
+            Caller::Direct(clients, next) => {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize % clients.len();
                 let mut r = tonic::Request::new(req);
                 r.set_timeout(timeout);
-                c.clone()
+                let node = (clients.len() > 1).then(|| format!("target-{i}"));
+                clients[i]
+                    .clone()
                     .model_infer(r)
                     .await
-                    .map(|_| None)
+                    .map(|_| node)
                     .map_err(|s| format!("{:?}", s.code()))
             }
             Caller::Mesh(c) => {
@@ -217,11 +225,15 @@ async fn run(args: BenchArgs) -> i32 {
         )
     });
     let caller = match (&args.target, &args.registry) {
-        (Some(target), _) => {
-            match direct(target, args.size_bytes as usize, args.wait_ready).await {
-                Ok(c) => Caller::Direct(c),
-                Err(code) => return code,
+        (Some(targets), _) => {
+            let mut clients = Vec::new();
+            for target in targets.split(',') {
+                match direct(target, args.size_bytes as usize, args.wait_ready).await {
+                    Ok(c) => clients.push(c),
+                    Err(code) => return code,
+                }
             }
+            Caller::Direct(clients.into(), Arc::new(AtomicU64::new(0)))
         }
         (None, Some(registry)) => {
             let mut builder = infermesh_client::Client::builder()
@@ -374,6 +386,14 @@ async fn run(args: BenchArgs) -> i32 {
         errors: error_count,
         errors_by_code: errors,
         requests_by_node: nodes,
+        last_attempt_unix_ms_by_node: match &caller {
+            Caller::Mesh(c) => c
+                .node_stats()
+                .into_iter()
+                .map(|(n, s)| (n, s.last_attempt_unix_ms))
+                .collect(),
+            Caller::Direct(..) => BTreeMap::new(),
+        },
         duration_s,
         throughput_rps: requests as f64 / duration_s,
         bytes_per_s: (requests as f64 * size_bytes as f64) / duration_s,

@@ -131,6 +131,7 @@ impl ClientBuilder {
         let url: RegistryUrl = self.registry.parse()?;
         let discovery = discovery::open(&url, &self.service);
         let inner = Arc::new(Inner {
+            stats: Mutex::new(HashMap::new()),
             balancer: Mutex::new(Balancer::new(self.balancer.clone(), self.seed)),
             nodes: Mutex::new(HashMap::new()),
             budget: Mutex::new(RetryBudget::new(self.budget.0, self.budget.1)),
@@ -164,7 +165,19 @@ pub struct Client {
     _follower: Arc<AbortOnDrop>,
 }
 
+/// What the client has sent to one node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeStats {
+    /// Attempts sent (retries included).
+    pub attempts: u64,
+    /// Attempts that failed.
+    pub failures: u64,
+    /// When the last attempt was sent, milliseconds since the Unix epoch.
+    pub last_attempt_unix_ms: u64,
+}
+
 struct Inner {
+    stats: Mutex<HashMap<String, NodeStats>>,
     balancer: Mutex<Balancer>,
     nodes: Mutex<HashMap<String, (NodeRecord, GrpcInferenceServiceClient<Channel>)>>,
     budget: Mutex<RetryBudget>,
@@ -227,6 +240,16 @@ impl Inner {
         }
     }
 
+    fn record_attempt(&self, node: &str) {
+        let mut stats = self.stats.lock().expect("stats lock");
+        let s = stats.entry(node.to_string()).or_default();
+        s.attempts += 1;
+        s.last_attempt_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+    }
+
     fn no_node(&self, e: PickError) -> ClientError {
         let known = self.nodes.lock().expect("nodes lock").len();
         ClientError::NoNode {
@@ -241,9 +264,17 @@ impl Inner {
     }
 }
 
-/// How an error counts for the node that produced it.
-fn classify(code: Code) -> (Outcome, bool) {
-    match code {
+/// How an error counts for the node that produced it, and whether to retry
+/// it on another node.
+fn classify(status: &Status) -> (Outcome, bool) {
+    // tonic reports a connection broken mid-request (the node died) as
+    // UNKNOWN with the transport error as its source; a status the node sent
+    // has no source. Inference requests are safe to run again, so a broken
+    // connection is retried like a refused one.
+    if status.code() == Code::Unknown && std::error::Error::source(status).is_some() {
+        return (Outcome::Failure, true);
+    }
+    match status.code() {
         // The node is down, unreachable or restarting its worker: retry elsewhere.
         Code::Unavailable => (Outcome::Failure, true),
         // The node is full: retry elsewhere, but it is healthy.
@@ -265,6 +296,11 @@ impl Client {
     /// The nodes currently known.
     pub fn nodes(&self) -> Vec<NodeRecord> {
         self.inner.membership.borrow().nodes.clone()
+    }
+
+    /// What the client has sent to each node so far.
+    pub fn node_stats(&self) -> HashMap<String, NodeStats> {
+        self.inner.stats.lock().expect("stats lock").clone()
     }
 
     /// A snapshot of membership and its freshness.
@@ -316,6 +352,7 @@ impl Client {
                 .lock()
                 .expect("balancer lock")
                 .on_send(now, &node);
+            inner.record_attempt(&node);
             let mut request = tonic::Request::new(req.clone());
             request.set_timeout(
                 deadline
@@ -341,7 +378,14 @@ impl Client {
                     return Ok((resp.into_inner(), node));
                 }
                 Err(status) => {
-                    let (outcome, retryable) = classify(status.code());
+                    inner
+                        .stats
+                        .lock()
+                        .expect("stats lock")
+                        .entry(node.clone())
+                        .or_default()
+                        .failures += 1;
+                    let (outcome, retryable) = classify(&status);
                     inner
                         .balancer
                         .lock()

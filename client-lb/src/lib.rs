@@ -39,7 +39,7 @@ mod client;
 pub mod discovery;
 mod retry_budget;
 
-pub use client::{Client, ClientBuilder, ClientError};
+pub use client::{Client, ClientBuilder, ClientError, NodeStats};
 pub use retry_budget::RetryBudget;
 
 pub use balancer::{
