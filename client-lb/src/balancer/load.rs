@@ -64,6 +64,11 @@ impl LatestReport {
     pub(crate) fn weight(&self, now: Instant, ttl: Duration) -> Option<f64> {
         self.is_fresh(now, ttl).then_some(self.weight)
     }
+
+    /// The reported weight, fresh or not.
+    pub(crate) fn weight_at_any_age(&self) -> f64 {
+        self.weight
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,12 @@
 //! 3. Otherwise power of two choices among the candidates: two distinct
 //!    nodes sampled by weight, the cheaper one wins.
 //!
+//! The weighted draws are made by rejection sampling over the membership
+//! rather than by scanning it, so that a pick costs the same with a thousand
+//! nodes as with ten; when that does not succeed quickly (few healthy nodes,
+//! or none), the pick scans. Both give the same distribution; `pick.rs`
+//! explains why.
+//!
 //! Ejection follows consecutive failures, but never beyond
 //! `max_ejected_share` of the membership: a node that fails while the cap is
 //! reached stays in rotation ("panic mode"), and is ejected by a later
@@ -71,6 +77,12 @@ pub struct Balancer {
     rng: SmallRng,
     /// Reused by `pick` to avoid allocating per request.
     remotes: Vec<Candidate>,
+    /// The local node's position in `nodes`, if it is a member.
+    local: Option<usize>,
+    /// At least every node's effective weight, now and until the next report
+    /// or membership update: the bound of the rejection sampling. It may be
+    /// loose (a node's report lowered its weight); the exact scan tightens it.
+    weight_bound: f64,
 }
 
 /// How much a candidate is preferred; the lowest tier present wins.
@@ -89,6 +101,8 @@ impl Balancer {
             nodes: Vec::new(),
             rng: SmallRng::seed_from_u64(seed),
             remotes: Vec::new(),
+            local: None,
+            weight_bound: 0.0,
         }
     }
 
@@ -121,6 +135,18 @@ impl Balancer {
                 None => Node::new(now, info, &self.config),
             })
             .collect();
+        self.local = self
+            .config
+            .local_node
+            .as_deref()
+            .and_then(|id| self.index(id));
+        self.weight_bound = self.max_weight();
+    }
+
+    /// The largest weight any node may have until the next report or
+    /// membership update.
+    fn max_weight(&self) -> f64 {
+        self.nodes.iter().map(Node::max_weight).fold(0.0, f64::max)
     }
 
     /// Chooses a node for a request, never one in `exclude` (the nodes this
@@ -129,12 +155,93 @@ impl Balancer {
         if self.nodes.is_empty() {
             return Err(PickError::NoNodes);
         }
-        let local_id = self.config.local_node.as_deref();
+        let chosen = match self.draw_serving_remote(now, exclude, None) {
+            Some(first) => self.pick_among_serving(now, exclude, first),
+            None => self.pick_by_scan(now, exclude),
+        }
+        .ok_or(PickError::AllUnavailable)?;
+        Ok(Pick {
+            local: Some(chosen) == self.local,
+            node: self.nodes[chosen].id().to_string(),
+        })
+    }
+
+    /// Draws a serving, non-ejected remote candidate other than `skip`, by
+    /// weight, by rejection sampling; `None` if that did not succeed (see
+    /// `pick.rs`).
+    fn draw_serving_remote(
+        &mut self,
+        now: Instant,
+        exclude: &[NodeId],
+        skip: Option<usize>,
+    ) -> Option<usize> {
+        let (nodes, config, local) = (&self.nodes, &self.config, self.local);
+        pick::draw_by_rejection(&mut self.rng, nodes.len(), self.weight_bound, |i| {
+            if Some(i) == skip || Some(i) == local {
+                return 0.0;
+            }
+            match candidate(now, &nodes[i], exclude, config) {
+                Some((Tier::Serving, weight)) => weight,
+                _ => 0.0,
+            }
+        })
+    }
+
+    /// Steps 2 and 3 once `first`, a serving remote node, has been drawn:
+    /// serving is then the best tier present.
+    fn pick_among_serving(
+        &mut self,
+        now: Instant,
+        exclude: &[NodeId],
+        first: usize,
+    ) -> Option<usize> {
+        let second = match self.draw_serving_remote(now, exclude, Some(first)) {
+            Some(second) => Some(second),
+            None => self.draw_serving_remote_by_scan(now, exclude, first),
+        };
+        let (nodes, config) = (&self.nodes, &self.config);
+        let local = self.local.filter(|&l| {
+            matches!(
+                candidate(now, &nodes[l], exclude, config),
+                Some((Tier::Serving, _))
+            )
+        });
+        Some(pick::decide(local, first, second, config.local_bias, |i| {
+            nodes[i].cost(now, config)
+        }))
+    }
+
+    /// The exact draw of a serving, non-ejected remote candidate other than
+    /// `skip`, by weight; `None` if there is none.
+    fn draw_serving_remote_by_scan(
+        &mut self,
+        now: Instant,
+        exclude: &[NodeId],
+        skip: usize,
+    ) -> Option<usize> {
+        self.remotes.clear();
+        for (index, node) in self.nodes.iter().enumerate() {
+            if index == skip || Some(index) == self.local {
+                continue;
+            }
+            if let Some((Tier::Serving, weight)) = candidate(now, node, exclude, &self.config) {
+                self.remotes.push(Candidate { index, weight });
+            }
+        }
+        pick::sample_one(&mut self.rng, &self.remotes).map(|k| self.remotes[k].index)
+    }
+
+    /// The whole pick by scanning the membership: the candidates of the best
+    /// tier present, then the exact draws.
+    fn pick_by_scan(&mut self, now: Instant, exclude: &[NodeId]) -> Option<usize> {
+        // The scan costs O(n) anyway: tighten a bound a lowered weight left
+        // loose, so that the next picks take the fast path again.
+        self.weight_bound = self.max_weight();
         let mut best_tier = None;
         let mut local = None;
         self.remotes.clear();
         for (index, node) in self.nodes.iter().enumerate() {
-            let Some(tier) = self.tier(now, node, exclude) else {
+            let Some((tier, weight)) = candidate(now, node, exclude, &self.config) else {
                 continue;
             };
             match best_tier {
@@ -146,11 +253,8 @@ impl Balancer {
                     self.remotes.clear();
                 }
             }
-            let candidate = Candidate {
-                index,
-                weight: node.weight(now, &self.config),
-            };
-            if Some(node.id()) == local_id {
+            let candidate = Candidate { index, weight };
+            if Some(index) == self.local {
                 local = Some(candidate);
             } else {
                 self.remotes.push(candidate);
@@ -158,36 +262,13 @@ impl Balancer {
         }
         let nodes = &self.nodes;
         let config = &self.config;
-        let chosen = pick::choose(
+        pick::choose(
             &mut self.rng,
             local,
             &self.remotes,
             config.local_bias,
             |i| nodes[i].cost(now, config),
         )
-        .ok_or(PickError::AllUnavailable)?;
-        let node = self.nodes[chosen].id();
-        Ok(Pick {
-            local: Some(node) == local_id,
-            node: node.to_string(),
-        })
-    }
-
-    /// Where `node` stands as a candidate, or `None` if it cannot be picked.
-    fn tier(&self, now: Instant, node: &Node, exclude: &[NodeId]) -> Option<Tier> {
-        if node.info.state == NodeState::Draining
-            || node.weight(now, &self.config) <= 0.0
-            || exclude.iter().any(|e| e == node.id())
-        {
-            return None;
-        }
-        Some(if node.is_ejected(now) {
-            Tier::Ejected
-        } else if node.info.state == NodeState::Serving {
-            Tier::Serving
-        } else {
-            Tier::Degraded
-        })
     }
 
     /// A request was sent to `node`. Unknown nodes are ignored.
@@ -234,6 +315,7 @@ impl Balancer {
             return;
         };
         self.nodes[index].on_report(now, report, &self.config);
+        self.weight_bound = self.weight_bound.max(self.nodes[index].max_weight());
     }
 
     /// The node's current cost (expected seconds of wait per unit of weight;
@@ -263,6 +345,31 @@ impl Balancer {
     fn node_mut(&mut self, node: &str) -> Option<&mut Node> {
         self.index(node).map(|i| &mut self.nodes[i])
     }
+}
+
+/// Where `node` stands as a candidate and its effective weight, or `None`
+/// if it cannot be picked.
+fn candidate(
+    now: Instant,
+    node: &Node,
+    exclude: &[NodeId],
+    config: &BalancerConfig,
+) -> Option<(Tier, f64)> {
+    if node.info.state == NodeState::Draining {
+        return None;
+    }
+    let weight = node.weight(now, config);
+    if weight <= 0.0 || exclude.iter().any(|e| e == node.id()) {
+        return None;
+    }
+    let tier = if node.is_ejected(now) {
+        Tier::Ejected
+    } else if node.info.state == NodeState::Serving {
+        Tier::Serving
+    } else {
+        Tier::Degraded
+    };
+    Some((tier, weight))
 }
 
 #[cfg(test)]

@@ -115,11 +115,17 @@ impl Node {
             .report
             .and_then(|r| r.weight(now, ttl))
             .unwrap_or(self.info.weight);
-        if weight.is_finite() && weight > 0.0 {
-            weight
-        } else {
-            0.0
-        }
+        positive_or_zero(weight)
+    }
+
+    /// An upper bound on the effective weight at any time until the next
+    /// report or membership update: the larger of the advertised and the
+    /// reported weight (whichever is in use, slow start only scales it down).
+    pub(crate) fn max_weight(&self) -> f64 {
+        let reported = self
+            .report
+            .map_or(0.0, |r| positive_or_zero(r.weight_at_any_age()));
+        positive_or_zero(self.info.weight).max(reported)
     }
 
     /// The effective weight: base weight × slow-start factor. Zero means the
@@ -177,6 +183,15 @@ impl Node {
     }
 }
 
+/// `weight` if it is a positive finite number, else zero.
+fn positive_or_zero(weight: f64) -> f64 {
+    if weight.is_finite() && weight > 0.0 {
+        weight
+    } else {
+        0.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +246,26 @@ mod tests {
         assert_eq!(n.weight(t0, &cfg), 4.0);
         let stale = t0 + cfg.load_report_ttl + MS;
         assert_eq!(n.weight(stale, &cfg), 2.0);
+    }
+
+    #[test]
+    fn max_weight_bounds_the_weight_whichever_is_in_use() {
+        let t0 = Instant::now();
+        let cfg = BalancerConfig::default();
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        assert_eq!(n.max_weight(), 2.0);
+        n.on_report(t0, report(0, 3.0), &cfg);
+        assert_eq!(n.max_weight(), 3.0);
+        n.on_report(t0, report(0, 1.0), &cfg);
+        assert_eq!(n.max_weight(), 2.0);
+        let stale = t0 + cfg.load_report_ttl + MS;
+        for now in [t0, t0 + cfg.slow_start / 2, stale, stale + cfg.slow_start] {
+            assert!(n.weight(now, &cfg) <= n.max_weight());
+        }
+        n.on_report(t0, report(0, f64::NAN), &cfg);
+        assert_eq!(n.max_weight(), 2.0);
+        let n = Node::new(t0, info(f64::INFINITY, NodeState::Serving), &cfg);
+        assert_eq!(n.max_weight(), 0.0);
     }
 
     #[test]

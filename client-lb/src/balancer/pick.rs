@@ -13,6 +13,39 @@
 //! two sampled remote nodes and kept unless its cost exceeds `local_bias`
 //! times theirs: a local request skips the network and can use shared memory,
 //! which the cost does not see, so local is allowed to be somewhat busier.
+//!
+//! # Drawing by weight in constant time
+//!
+//! The exact way to draw by weight ([`sample_two`]) walks the candidates
+//! and their running sum, and needs the candidates first: a scan of the whole
+//! membership for the best tier, O(n) per pick. The balancer instead first
+//! tries rejection sampling ([`draw_by_rejection`], von Neumann 1951): pick
+//! a node uniformly at random and accept it with probability `w / w_max`,
+//! where `w` is its weight if it is a candidate (zero otherwise) and `w_max`
+//! is at least every node's weight; else try again. One trial accepts node
+//! `i` with probability `(1 / n) × (w_i / w_max)`, proportional to `w_i`,
+//! so an accepted draw has exactly the distribution of the exact draw;
+//! each trial is independent, so how many trials it took says nothing about
+//! which node came out. With weights within a factor of four of each other
+//! a trial accepts with probability at least a quarter whatever `n`.
+//!
+//! The trials are bounded. After [`REJECTION_TRIES`] rejections (or if a
+//! node's weight turns out above the bound) the draw falls back to the exact
+//! method. That keeps the distribution exact too: the fallback is used only
+//! when no trial accepted, an event independent of which node a trial would
+//! have accepted, and it draws from the same distribution. What the fallback
+//! must not do is redraw an already accepted first node because the second
+//! draw failed: whether the second draw fails depends on the first node. So
+//! the second draw falls back on its own, the exact draw among the remaining
+//! candidates.
+//!
+//! Which candidates there are depends on the best tier present (see the
+//! [`Balancer`](super::Balancer) docs). The fast path only accepts serving,
+//! non-ejected remote nodes: once it has accepted one, serving is the best
+//! tier present, so the candidates it draws from are the right ones. When no
+//! such node exists, it never accepts and the exact scan decides, as before.
+//! Only the sequence of random numbers differs from the exact method; a seed
+//! still fixes every pick.
 
 use rand::RngExt;
 use rand::rngs::SmallRng;
@@ -50,6 +83,15 @@ pub(crate) struct Candidate {
     pub(crate) weight: f64,
 }
 
+/// Rejected trials after which a draw by rejection gives up.
+///
+/// A trial accepts with probability (candidates' weight) / (nodes × the
+/// weight bound): about 0.6 in a healthy fleet of weights 1 to 4, so giving
+/// up almost never happens there; when most nodes are ejected, excluded or
+/// degraded it does, and the exact scan, which is what those cases need,
+/// costs these trials more.
+pub(crate) const REJECTION_TRIES: u32 = 16;
+
 /// Chooses among `local` (if it can be picked) and `remotes`; returns the
 /// chosen node's index, or `None` if there is no candidate at all. `cost`
 /// gives a node's cost by index; it is only asked about the sampled nodes.
@@ -60,19 +102,86 @@ pub(crate) fn choose(
     local_bias: f64,
     cost: impl Fn(usize) -> f64,
 ) -> Option<usize> {
-    let best = match sample_two(rng, remotes) {
-        None => return local.map(|l| l.index),
-        Some((a, None)) => remotes[a].index,
-        Some((a, Some(b))) => {
-            let (a, b) = (remotes[a].index, remotes[b].index);
+    let local = local.map(|l| l.index);
+    match sample_two(rng, remotes) {
+        None => local,
+        Some((a, b)) => Some(decide(
+            local,
+            remotes[a].index,
+            b.map(|b| remotes[b].index),
+            local_bias,
+            cost,
+        )),
+    }
+}
+
+/// The node, by index, among `local` (if it can be picked) and the remote
+/// nodes drawn `first` and `second` (if there was a second candidate).
+pub(crate) fn decide(
+    local: Option<usize>,
+    first: usize,
+    second: Option<usize>,
+    local_bias: f64,
+    cost: impl Fn(usize) -> f64,
+) -> usize {
+    // Each cost is computed at most once: it is most of a pick's time.
+    let (best, best_cost) = match second {
+        Some(b) => {
+            let (cost_a, cost_b) = (cost(first), cost(b));
             // Ties go to the first draw, itself weighted by capacity.
-            if cost(b) < cost(a) { b } else { a }
+            if cost_b < cost_a {
+                (b, Some(cost_b))
+            } else {
+                (first, Some(cost_a))
+            }
         }
+        None => (first, None),
     };
     match local {
-        Some(l) if cost(l.index) <= local_bias * cost(best) => Some(l.index),
-        _ => Some(best),
+        Some(l) if cost(l) <= local_bias * best_cost.unwrap_or_else(|| cost(best)) => l,
+        _ => best,
     }
+}
+
+/// Draws a position in `0..len` with probability proportional to
+/// `weight(position)` by rejection (see the module docs), given that no
+/// weight exceeds `bound`. `weight` is zero for positions that are not
+/// candidates. Returns `None` after [`REJECTION_TRIES`] rejections, or at
+/// once if a weight above `bound` shows up: the caller then draws exactly.
+pub(crate) fn draw_by_rejection(
+    rng: &mut SmallRng,
+    len: usize,
+    bound: f64,
+    mut weight: impl FnMut(usize) -> f64,
+) -> Option<usize> {
+    // Also false for a NaN bound.
+    if len == 0 || !bound.is_finite() || bound <= 0.0 {
+        return None;
+    }
+    for _ in 0..REJECTION_TRIES {
+        let i = rng.random_range(0..len);
+        let w = weight(i);
+        if w <= 0.0 {
+            continue;
+        }
+        if w > bound {
+            return None;
+        }
+        if rng.random::<f64>() * bound < w {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Draws one position in `candidates` with probability proportional to
+/// weight, exactly; `None` if there is none.
+pub(crate) fn sample_one(rng: &mut SmallRng, candidates: &[Candidate]) -> Option<usize> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let total: f64 = candidates.iter().map(|c| c.weight).sum();
+    Some(draw(rng, candidates, total, None))
 }
 
 /// Draws two distinct positions in `candidates`, each with probability
@@ -175,6 +284,55 @@ mod tests {
         let only = candidates(&[3.0]);
         assert_eq!(choose(&mut rng, None, &only, 1.5, |_| 1.0), Some(0));
         assert_eq!(choose(&mut rng, None, &[], 1.5, |_| 1.0), None);
+    }
+
+    #[test]
+    fn rejection_draws_are_proportional_to_weight() {
+        let mut rng = SmallRng::seed_from_u64(12);
+        // Position 1 is not a candidate; the bound is loose.
+        let weights = [1.0, 0.0, 2.0, 3.0, 4.0];
+        let n = 100_000;
+        let mut counts = [0u32; 5];
+        let mut gave_up = 0;
+        for _ in 0..n {
+            match draw_by_rejection(&mut rng, weights.len(), 5.0, |i| weights[i]) {
+                Some(i) => counts[i] += 1,
+                None => gave_up += 1,
+            }
+        }
+        assert_eq!(counts[1], 0);
+        // A trial accepts with probability 10 / 25: all sixteen are rejected
+        // with probability 0.6^16, about 28 times in 100,000.
+        assert!(gave_up < 100, "{gave_up}");
+        let drawn = f64::from(n - gave_up);
+        for (i, &w) in weights.iter().enumerate() {
+            let share = f64::from(counts[i]) / drawn;
+            assert!((share - w / 10.0).abs() < 0.01, "{i}: {share}");
+        }
+    }
+
+    #[test]
+    fn rejection_gives_up_without_candidates_or_with_a_broken_bound() {
+        let mut rng = SmallRng::seed_from_u64(13);
+        assert_eq!(draw_by_rejection(&mut rng, 4, 1.0, |_| 0.0), None);
+        assert_eq!(draw_by_rejection(&mut rng, 4, 1.0, |_| 2.0), None);
+        assert_eq!(draw_by_rejection(&mut rng, 0, 1.0, |_| 1.0), None);
+        assert_eq!(draw_by_rejection(&mut rng, 4, f64::NAN, |_| 1.0), None);
+        assert_eq!(draw_by_rejection(&mut rng, 4, 0.0, |_| 1.0), None);
+        assert_eq!(draw_by_rejection(&mut rng, 1, 1.0, |_| 1.0), Some(0));
+    }
+
+    #[test]
+    fn sample_one_is_exact() {
+        let mut rng = SmallRng::seed_from_u64(14);
+        assert_eq!(sample_one(&mut rng, &[]), None);
+        let c = candidates(&[1.0, 3.0]);
+        let n = 40_000;
+        let heavy = (0..n)
+            .filter(|_| sample_one(&mut rng, &c) == Some(1))
+            .count();
+        let share = heavy as f64 / f64::from(n);
+        assert!((share - 0.75).abs() < 0.01, "{share}");
     }
 
     #[test]
