@@ -25,7 +25,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Child;
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -418,16 +418,12 @@ fn client(
     address: std::net::SocketAddr,
     max_message_bytes: usize,
 ) -> GrpcInferenceServiceClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{address}"))
-        .expect("loopback URI is valid")
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(2))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        .connect_lazy();
-    GrpcInferenceServiceClient::new(channel)
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes)
+    infermesh_proto::oip_client(
+        &address.to_string(),
+        Duration::from_secs(2),
+        max_message_bytes,
+    )
+    .expect("a socket address is a valid URI")
 }
 
 /// One startup readiness check: live, models known and ready, metadata cached.

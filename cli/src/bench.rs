@@ -21,7 +21,7 @@ use infermesh_proto::inference::model_infer_request::InferInputTensor;
 use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
 use infermesh_proto::tensor::f32_to_raw;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::exit;
 
@@ -165,25 +165,11 @@ async fn direct(
     size_bytes: usize,
     patience: Duration,
 ) -> Result<GrpcInferenceServiceClient<Channel>, i32> {
-    let uri = if target.contains("://") {
-        target.to_string()
-    } else {
-        format!("http://{target}")
-    };
-    let endpoint = Endpoint::from_shared(uri).map_err(|e| {
-        eprintln!("error: --target '{target}' is not a valid address: {e}");
+    let max = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES.max(size_bytes * 2);
+    let client = infermesh_proto::oip_client(target, Duration::from_secs(5), max).map_err(|e| {
+        eprintln!("error: --target {e}");
         exit::USAGE
     })?;
-    let channel = endpoint
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        .connect_lazy();
-    let max = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES.max(size_bytes * 2);
-    let client = GrpcInferenceServiceClient::new(channel)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(max);
     wait_until_ready(&client, patience).await.map_err(|e| {
         eprintln!("error: {target}: {e}");
         exit::UNAVAILABLE

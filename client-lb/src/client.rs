@@ -12,7 +12,7 @@ use infermesh_proto::registry::{NodeRecord, NodeState as WireState, RegistryUrl}
 use infermesh_proto::tensor::{f32_to_raw, raw_to_f32};
 use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, GrpcInferenceServiceClient};
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::balancer::{
@@ -193,16 +193,8 @@ async fn follow(inner: Arc<Inner>, mut rx: watch::Receiver<Arc<Membership>>) {
 }
 
 fn channel(addr: &str) -> GrpcInferenceServiceClient<Channel> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("validated address");
-    let channel = endpoint
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(1))
-        .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        .connect_lazy();
-    GrpcInferenceServiceClient::new(channel)
-        .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
+    infermesh_proto::oip_client(addr, Duration::from_secs(1), DEFAULT_MAX_MESSAGE_BYTES)
+        .expect("validated address")
 }
 
 impl Inner {

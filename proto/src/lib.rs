@@ -17,6 +17,7 @@
 //! `bytes::Bytes`, so forwarding them does not copy.
 #![forbid(unsafe_code)]
 
+pub mod channel;
 pub mod load;
 pub mod registry;
 pub mod tensor;
@@ -33,6 +34,7 @@ pub mod admin {
     tonic::include_proto!("infermesh.v1");
 }
 
+pub use channel::oip_client;
 pub use inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 pub use inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,

@@ -1,0 +1,34 @@
+//! The one way infermesh opens an OIP client: HTTP/2 with `TCP_NODELAY`,
+//! windows large enough for megabyte tensors (4 MiB per stream, 16 MiB per
+//! connection; the 64 KiB defaults throttle large tensors), and message
+//! limits above tonic's 4 MiB default. Connects lazily: the first call dials.
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::GrpcInferenceServiceClient;
+
+/// An OIP client for `addr` (`host:port` or a URI). Errors name the address.
+pub fn oip_client(
+    addr: &str,
+    connect_timeout: Duration,
+    max_message_bytes: usize,
+) -> Result<GrpcInferenceServiceClient<Channel>, String> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let endpoint =
+        Endpoint::from_shared(uri).map_err(|e| format!("'{addr}' is not a valid address: {e}"))?;
+    let channel = endpoint
+        .tcp_nodelay(true)
+        .connect_timeout(connect_timeout)
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .connect_lazy();
+    Ok(GrpcInferenceServiceClient::new(channel)
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes))
+}
