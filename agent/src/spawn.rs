@@ -154,13 +154,7 @@ fn forward_lines(
     });
 }
 
-/// How a process ended, in words for logs and the admin API.
-pub fn describe_exit(status: &std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    describe(status.code(), status.signal())
-}
-
-/// Words for an exit code or signal.
+/// How a process ended (exit code or signal), in words for logs and the admin API.
 pub fn describe(code: Option<i32>, signal: Option<i32>) -> String {
     match (code, signal) {
         (Some(code), _) => format!("exit code {code}"),

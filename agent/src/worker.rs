@@ -84,7 +84,6 @@ pub struct Worker {
     routable: AtomicBool,
     in_flight: AtomicUsize,
     requests: AtomicU64,
-    exits: AtomicU64,
     restarts: AtomicU64,
     startup_ms: AtomicU64,
     process: RwLock<Option<Process>>,
@@ -108,7 +107,6 @@ impl Worker {
             routable: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
-            exits: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             startup_ms: AtomicU64::new(0),
             process: RwLock::new(None),
@@ -254,11 +252,6 @@ impl Worker {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Times its process has ended.
-    pub fn exits(&self) -> u64 {
-        self.exits.load(Ordering::Relaxed)
-    }
-
     /// How it last ended, if it has.
     pub fn last_exit(&self) -> Option<String> {
         self.last_exit.lock().expect("worker lock").clone()
@@ -266,7 +259,6 @@ impl Worker {
 
     /// Records how the process ended.
     pub(crate) fn record_exit(&self, how: String) {
-        self.exits.fetch_add(1, Ordering::Relaxed);
         *self.last_exit.lock().expect("worker lock") = Some(how);
     }
 
