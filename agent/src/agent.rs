@@ -135,7 +135,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         }
     };
 
-    let (stop_serving, mut serving_rx) = watch::channel(false);
+    let (stop_serving, serving_rx) = watch::channel(false);
     let oip = {
         let front = GrpcInferenceServiceServer::new(Front::new(
             Arc::clone(&pool),
@@ -197,7 +197,6 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     // Clients see `draining` and stop sending new requests while in-flight ones finish.
     let _ = set_phase.send(Phase::Draining);
     let _ = stop_serving.send(true);
-    let _ = serving_rx.borrow_and_update();
     match tokio::time::timeout(cfg.shutdown_grace, &mut oip).await {
         Ok(_) => tracing::info!("in-flight requests finished"),
         Err(_) => {

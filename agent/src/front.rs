@@ -78,9 +78,7 @@ impl Front {
             .ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
         validate_request(&req, &meta).map_err(AgentError::from)?;
         let lease = ticket.dispatch(&req.model_name, deadline).await?;
-        let process = lease
-            .process()
-            .ok_or_else(|| AgentError::NoReadyWorker(req.model_name.clone()))?;
+        let process = lease.process()?;
         let resp = forward(lease.worker(), process.client, req, deadline)
             .await
             .map_err(|s| self.worker_failed(lease.worker(), process.pid, s))?;
@@ -287,10 +285,7 @@ impl infermesh_proto::GrpcInferenceService for Front {
         let ticket = self.pool.admit();
         let lease = ticket.dispatch(&first.model_name, deadline).await?;
         let worker = Arc::clone(lease.worker());
-        let mut client = lease
-            .process()
-            .map(|p| p.client)
-            .ok_or_else(|| AgentError::NoReadyWorker(first.model_name.clone()))?;
+        let mut client = lease.process()?.client;
         let (tx, rx) = mpsc::channel(16);
         tx.send(first)
             .await

@@ -252,6 +252,7 @@ impl Ticket {
                     return Ok(Lease {
                         pool: Arc::clone(pool),
                         worker,
+                        model: model.to_string(),
                     });
                 }
                 Pick::Unknown => return Err(AgentError::UnknownModel(model.to_string())),
@@ -321,6 +322,7 @@ impl Drop for QueueSpot<'_> {
 pub struct Lease {
     pool: Arc<Pool>,
     worker: Arc<Worker>,
+    model: String,
 }
 
 impl Lease {
@@ -329,9 +331,11 @@ impl Lease {
         &self.worker
     }
 
-    /// Its process, if still running.
-    pub fn process(&self) -> Option<Process> {
-        self.worker.process()
+    /// Its process; [`AgentError::NoReadyWorker`] if it has just gone.
+    pub fn process(&self) -> Result<Process, AgentError> {
+        self.worker
+            .process()
+            .ok_or_else(|| AgentError::NoReadyWorker(self.model.clone()))
     }
 }
 
