@@ -353,6 +353,16 @@ impl Driver {
             }
             ProbeKind::Liveness => {
                 self.next_probe = Some(now + self.ctx.probe_interval);
+                // A probe of a process that has just died fails at once
+                // (connection refused): that is an exit, not a hang. tokio
+                // keeps the reaped status, so the exit branch reports it next.
+                let exited = self
+                    .child
+                    .as_mut()
+                    .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+                if !result.ok && exited {
+                    return;
+                }
                 if !result.ok {
                     tracing::warn!(worker = %self.worker.id(), timeout = ?self.ctx.probe_timeout, "liveness probe failed");
                 }
