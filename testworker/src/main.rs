@@ -13,8 +13,11 @@ use infermesh_testworker::{FaultKind, TestWorker, WorkerOptions};
 ///
 /// Every model it serves is the `dense` model: INPUT0 FP32 [batch, 16] →
 /// OUTPUT0 FP32 [batch, 4], y = tanh(x·W/4 + b) with fixed weights (see the
-/// crate docs). A request can also trigger a fault at run time with the
-/// string parameter `infermesh_fault=KIND`.
+/// crate docs) — except a model named `identity`, which returns INPUT0 (FP32,
+/// any shape) unchanged as OUTPUT0. A request can also trigger a fault at
+/// run time with the string parameter `infermesh_fault=KIND`. Tensors may
+/// be passed in POSIX shared memory (Triton's system shared-memory
+/// extension).
 #[derive(Debug, Parser)]
 #[command(name = "infermesh-testworker", version)]
 struct Args {
@@ -22,7 +25,8 @@ struct Args {
     /// when an agent set it, else 127.0.0.1:8000.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Model name to serve (repeatable). Default: dense.
+    /// Model name to serve (repeatable); `identity` echoes its input, any
+    /// other name computes the dense model. Default: dense.
     #[arg(long = "model")]
     models: Vec<String>,
     /// Time each request holds a slot, in milliseconds (emulates GPU compute).
@@ -40,6 +44,10 @@ struct Args {
     /// Requests served before --fault fires.
     #[arg(long, default_value_t = 0, requires = "fault")]
     fault_after: u64,
+    /// Answer the shared-memory RPCs with UNIMPLEMENTED, like a server
+    /// without Triton's shared-memory extension (the agent then copies).
+    #[arg(long)]
+    no_shm: bool,
 }
 
 fn millis(name: &str, ms: f64) -> Result<Duration, String> {
@@ -86,6 +94,8 @@ async fn main() {
         startup,
         fault: args.fault,
         fault_after: args.fault_after,
+        shm_rpcs: !args.no_shm,
+        ..WorkerOptions::default()
     });
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,

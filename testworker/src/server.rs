@@ -1,6 +1,14 @@
 //! The OIP service of the test worker.
+//!
+//! Like Triton, it serves the system shared-memory extension: clients
+//! register POSIX shm regions and pass tensors by reference. Regions belong
+//! to the client connection that registered them (its peer address, hashed;
+//! in-process calls without an address share owner 0). The worker cannot
+//! see a connection close, so a client's regions stay registered until it
+//! unregisters them — the agent, which sees connections, drops them itself.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -8,10 +16,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use infermesh_proto::FAULT_PARAMETER;
 use infermesh_proto::inference::infer_parameter::ParameterChoice;
 use infermesh_proto::inference::model_infer_response::InferOutputTensor;
-use infermesh_proto::inference::model_metadata_response::TensorMetadata;
 use infermesh_proto::inference::repository_index_response::ModelIndex;
 use infermesh_proto::inference::*;
-use infermesh_proto::tensor::{self, f32_to_raw, raw_to_f32};
+use infermesh_proto::tensor;
+use infermesh_transport::shm::{Owner, RegistryConfig};
+use infermesh_transport::{ShmError, ShmRegistry};
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
@@ -19,11 +28,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::dense;
 use crate::fault::{self, CUDA_ERROR_MESSAGE, FaultKind};
+use crate::model::{Input, Model};
 
 /// How a test worker behaves.
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
-    /// Model names served; each computes the `dense` model.
+    /// Model names served; `identity` copies its input, every other name
+    /// computes the `dense` model (see [`crate::model`]).
     pub models: Vec<String>,
     /// Time each request holds a slot, emulating GPU compute.
     pub service_time: Duration,
@@ -35,6 +46,12 @@ pub struct WorkerOptions {
     pub fault: Option<FaultKind>,
     /// Requests served before `fault` fires.
     pub fault_after: u64,
+    /// Where shared-memory keys are opened, and the regions allowed per
+    /// client connection.
+    pub shm: RegistryConfig,
+    /// Whether the shared-memory RPCs are served; off, they answer
+    /// UNIMPLEMENTED like a server without the extension.
+    pub shm_rpcs: bool,
 }
 
 impl Default for WorkerOptions {
@@ -46,6 +63,8 @@ impl Default for WorkerOptions {
             startup: Duration::ZERO,
             fault: None,
             fault_after: 0,
+            shm: RegistryConfig::default(),
+            shm_rpcs: true,
         }
     }
 }
@@ -81,6 +100,7 @@ pub struct Inner {
     nan: AtomicBool,
     slow: AtomicBool,
     stats: Mutex<HashMap<String, ModelStats>>,
+    shm: ShmRegistry,
 }
 
 impl TestWorker {
@@ -88,6 +108,7 @@ impl TestWorker {
     pub fn new(opts: WorkerOptions) -> Self {
         Self(Arc::new(Inner {
             slots: Semaphore::new(opts.concurrency.max(1)),
+            shm: ShmRegistry::new(opts.shm.clone()),
             opts,
             started: Instant::now(),
             served: AtomicU64::new(0),
@@ -143,26 +164,46 @@ impl Inner {
         if !self.serves(name) {
             return Err(Status::not_found(format!("unknown model '{name}'")));
         }
+        let (input, output) = Model::of(name).tensors();
         Ok(ModelMetadataResponse {
             name: name.to_string(),
             versions: vec!["1".into()],
             platform: "infermesh_testworker".into(),
-            inputs: vec![TensorMetadata {
-                name: dense::INPUT.into(),
-                datatype: "FP32".into(),
-                shape: vec![-1, dense::IN_FEATURES as i64],
-            }],
-            outputs: vec![TensorMetadata {
-                name: dense::OUTPUT.into(),
-                datatype: "FP32".into(),
-                shape: vec![-1, dense::OUT_FEATURES as i64],
-            }],
+            inputs: vec![input],
+            outputs: vec![output],
         })
     }
 
-    /// Runs one inference: faults, validation, a slot for the service time,
-    /// the dense math, and a reply in the form the request used.
+    /// UNIMPLEMENTED unless the shared-memory RPCs are on.
+    fn shm_rpcs(&self) -> Result<(), Status> {
+        if self.opts.shm_rpcs {
+            Ok(())
+        } else {
+            Err(Status::unimplemented(
+                "this worker was started with --no-shm: no system shared memory",
+            ))
+        }
+    }
+
+    /// The shared-memory regions clients registered.
+    pub fn shm_registry(&self) -> &ShmRegistry {
+        &self.shm
+    }
+
+    /// Runs one inference for an in-process caller (shared-memory owner 0).
     pub async fn infer(&self, req: ModelInferRequest) -> Result<ModelInferResponse, Status> {
+        self.infer_for(0, req).await
+    }
+
+    /// Runs one inference for the client connection `owner`: faults,
+    /// shared-memory inputs, validation, a slot for the service time, the
+    /// model, shared-memory outputs, and a reply in the form the request
+    /// used.
+    pub async fn infer_for(
+        &self,
+        owner: Owner,
+        mut req: ModelInferRequest,
+    ) -> Result<ModelInferResponse, Status> {
         self.hang_if_hung().await;
         if let Some(kind) = requested_fault(&req)? {
             self.fire(kind);
@@ -180,7 +221,12 @@ impl Inner {
         if !self.ready() {
             return Err(Status::unavailable("model is loading"));
         }
-        let meta = self.metadata(&req.model_name)?;
+        let mut meta = self.metadata(&req.model_name)?;
+        self.shm.take_inputs(owner, &mut req).map_err(shm_status)?;
+        let model = Model::of(&req.model_name);
+        if let (Some(spec), Some(input)) = (meta.inputs.first_mut(), req.inputs.first()) {
+            spec.shape = model.input_shape_for(&input.shape);
+        }
         tensor::validate_request(&req, &meta)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
 
@@ -196,45 +242,48 @@ impl Inner {
         }
         let raw = !req.raw_input_contents.is_empty();
         let input = if raw {
-            raw_to_f32(&req.raw_input_contents[0]).unwrap_or_default()
+            Input::Raw(&req.raw_input_contents[0])
         } else {
-            req.inputs[0]
-                .contents
-                .as_ref()
-                .map(|c| c.fp32_contents.clone())
-                .unwrap_or_default()
+            Input::Typed(
+                req.inputs[0]
+                    .contents
+                    .as_ref()
+                    .map_or(&[][..], |c| &c.fp32_contents[..]),
+            )
         };
-        let mut output = dense::forward(&input);
-        if self.nan.load(Ordering::SeqCst) {
-            output.fill(f32::NAN);
-        }
-        let rows = (input.len() / dense::IN_FEATURES) as i64;
+        let nan = self.nan.load(Ordering::SeqCst);
+        let output = model.compute(input, &req.inputs[0].shape, nan);
+        let rows = output.rows;
         let mut out = InferOutputTensor {
             name: dense::OUTPUT.into(),
             datatype: "FP32".into(),
-            shape: vec![rows, dense::OUT_FEATURES as i64],
+            shape: output.shape.clone(),
             ..Default::default()
         };
         let raw_output_contents = if raw {
-            vec![f32_to_raw(&output).into()]
+            vec![output.into_raw()]
         } else {
             out.contents = Some(InferTensorContents {
-                fp32_contents: output,
+                fp32_contents: output.into_values(),
                 ..Default::default()
             });
             vec![]
         };
-        self.served.fetch_add(1, Ordering::SeqCst);
-        self.record(&req.model_name, started.elapsed(), rows as u64, true)
-            .await;
-        Ok(ModelInferResponse {
-            model_name: req.model_name,
+        let mut resp = ModelInferResponse {
+            model_name: req.model_name.clone(),
             model_version: "1".into(),
-            id: req.id,
+            id: req.id.clone(),
             parameters: HashMap::new(),
             outputs: vec![out],
             raw_output_contents,
-        })
+        };
+        self.shm
+            .place_outputs(owner, &req, &mut resp)
+            .map_err(shm_status)?;
+        self.served.fetch_add(1, Ordering::SeqCst);
+        self.record(&req.model_name, started.elapsed(), rows, true)
+            .await;
+        Ok(resp)
     }
 
     async fn record(&self, model: &str, took: Duration, rows: u64, ok: bool) {
@@ -251,6 +300,20 @@ impl Inner {
                 .unwrap_or(0);
         }
     }
+}
+
+/// The shared-memory owner of a call: its client connection's address,
+/// hashed; 0 for in-process calls.
+fn connection_owner<T>(req: &Request<T>) -> Owner {
+    req.remote_addr().map_or(0, |addr| {
+        let mut h = DefaultHasher::new();
+        addr.hash(&mut h);
+        h.finish()
+    })
+}
+
+fn shm_status(e: ShmError) -> Status {
+    e.to_status()
 }
 
 /// The fault a request asks for through the `infermesh_fault` parameter.
@@ -307,7 +370,11 @@ impl infermesh_proto::GrpcInferenceService for TestWorker {
         Ok(Response::new(ServerMetadataResponse {
             name: "infermesh-testworker".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            extensions: vec!["model_repository".into(), "statistics".into()],
+            extensions: vec![
+                "model_repository".into(),
+                "statistics".into(),
+                "system_shared_memory".into(),
+            ],
         }))
     }
 
@@ -326,9 +393,9 @@ impl infermesh_proto::GrpcInferenceService for TestWorker {
         self.hang_if_hung().await;
         let name = &req.get_ref().name;
         self.metadata(name)?;
-        let tensor = |name: &str, dims: i64| (name.to_string(), vec![-1, dims]);
-        let (iname, idims) = tensor(dense::INPUT, dense::IN_FEATURES as i64);
-        let (oname, odims) = tensor(dense::OUTPUT, dense::OUT_FEATURES as i64);
+        let (input, output) = Model::of(name).tensors();
+        let (iname, idims) = (input.name, input.shape);
+        let (oname, odims) = (output.name, output.shape);
         Ok(Response::new(ModelConfigResponse {
             config: Some(ModelConfig {
                 name: name.clone(),
@@ -417,19 +484,23 @@ impl infermesh_proto::GrpcInferenceService for TestWorker {
         &self,
         req: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
-        self.infer(req.into_inner()).await.map(Response::new)
+        let owner = connection_owner(&req);
+        self.infer_for(owner, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn model_stream_infer(
         &self,
         req: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<BoxStream<ModelStreamInferResponse>>, Status> {
+        let owner = connection_owner(&req);
         let mut incoming = req.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let worker = self.clone();
         tokio::spawn(async move {
             while let Ok(Some(req)) = incoming.message().await {
-                let reply = match worker.infer(req).await {
+                let reply = match worker.infer_for(owner, req).await {
                     Ok(resp) => ModelStreamInferResponse {
                         error_message: String::new(),
                         infer_response: Some(resp),
@@ -446,109 +517,46 @@ impl infermesh_proto::GrpcInferenceService for TestWorker {
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
+
+    async fn system_shared_memory_status(
+        &self,
+        req: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        self.hang_if_hung().await;
+        self.shm_rpcs()?;
+        let owner = connection_owner(&req);
+        self.shm
+            .handle_status(owner, req.get_ref())
+            .map(Response::new)
+            .map_err(shm_status)
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        req: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        self.hang_if_hung().await;
+        self.shm_rpcs()?;
+        let owner = connection_owner(&req);
+        self.shm
+            .handle_register(owner, req.get_ref())
+            .map(|()| Response::new(SystemSharedMemoryRegisterResponse {}))
+            .map_err(shm_status)
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        req: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        self.hang_if_hung().await;
+        self.shm_rpcs()?;
+        let owner = connection_owner(&req);
+        self.shm
+            .handle_unregister(owner, req.get_ref())
+            .map(|()| Response::new(SystemSharedMemoryUnregisterResponse {}))
+            .map_err(shm_status)
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use infermesh_proto::inference::model_infer_request::InferInputTensor;
-
-    fn request(fault: Option<&str>) -> ModelInferRequest {
-        let mut req = ModelInferRequest {
-            model_name: "dense".into(),
-            inputs: vec![InferInputTensor {
-                name: "INPUT0".into(),
-                datatype: "FP32".into(),
-                shape: vec![1, 16],
-                ..Default::default()
-            }],
-            raw_input_contents: vec![f32_to_raw(&[0.25; 16]).into()],
-            ..Default::default()
-        };
-        if let Some(kind) = fault {
-            req.parameters.insert(
-                FAULT_PARAMETER.into(),
-                InferParameter {
-                    parameter_choice: Some(ParameterChoice::StringParam(kind.into())),
-                },
-            );
-        }
-        req
-    }
-
-    fn outputs(resp: &ModelInferResponse) -> Vec<f32> {
-        raw_to_f32(&resp.raw_output_contents[0]).unwrap()
-    }
-
-    #[tokio::test]
-    async fn sticky_cuda_error_fails_every_later_inference_but_stays_live() {
-        let w = TestWorker::new(WorkerOptions::default());
-        assert!(w.infer(request(None)).await.is_ok());
-        let err = w.infer(request(Some("cuda-sticky"))).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Internal);
-        assert!(err.message().contains("illegal memory access"));
-        let again = w.infer(request(None)).await.unwrap_err();
-        assert_eq!(again.code(), tonic::Code::Internal);
-        use infermesh_proto::GrpcInferenceService;
-        let live = w
-            .server_live(Request::new(ServerLiveRequest {}))
-            .await
-            .unwrap();
-        assert!(live.get_ref().live, "like Triton, it still reports live");
-    }
-
-    #[tokio::test]
-    async fn nan_fault_outputs_nan_after_the_configured_count() {
-        let w = TestWorker::new(WorkerOptions {
-            fault: Some(FaultKind::Nan),
-            fault_after: 2,
-            ..Default::default()
-        });
-        for _ in 0..2 {
-            assert!(
-                outputs(&w.infer(request(None)).await.unwrap())
-                    .iter()
-                    .all(|v| v.is_finite())
-            );
-        }
-        assert!(
-            outputs(&w.infer(request(None)).await.unwrap())
-                .iter()
-                .all(|v| v.is_nan())
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn slow_fault_multiplies_service_time() {
-        let w = TestWorker::new(WorkerOptions {
-            service_time: Duration::from_millis(20),
-            ..Default::default()
-        });
-        let t0 = tokio::time::Instant::now();
-        w.infer(request(Some("slow"))).await.unwrap();
-        assert_eq!(t0.elapsed(), Duration::from_millis(200));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn hang_fault_stops_answering_everything() {
-        use infermesh_proto::GrpcInferenceService;
-        let w = TestWorker::new(WorkerOptions::default());
-        let hung =
-            tokio::time::timeout(Duration::from_secs(30), w.infer(request(Some("hang")))).await;
-        assert!(hung.is_err(), "the faulting request never answers");
-        let live = tokio::time::timeout(
-            Duration::from_secs(30),
-            w.server_live(Request::new(ServerLiveRequest {})),
-        )
-        .await;
-        assert!(live.is_err(), "liveness probes time out too");
-    }
-
-    #[tokio::test]
-    async fn unknown_fault_kind_is_invalid_argument() {
-        let w = TestWorker::new(WorkerOptions::default());
-        let err = w.infer(request(Some("meltdown"))).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        assert!(w.infer(request(None)).await.is_ok());
-    }
-}
+mod tests;

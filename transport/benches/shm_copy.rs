@@ -1,0 +1,67 @@
+//! Cost of moving a tensor through a shared-memory region compared with a
+//! plain `memcpy`, for 4 KiB, 1 MiB and 16 MiB tensors.
+//!
+//! - `memcpy`: one copy between two heap buffers (the floor).
+//! - `shm_write`: a client staging an input ([`ShmRegion::write`]).
+//! - `shm_read_into`: a copy out into an existing buffer.
+//! - `shm_read`: a copy out into a new buffer, as the server does for each
+//!   input ([`ShmRegion::read`]; allocation included).
+//! - `shm_write_read`: both copies a tensor makes on its way through.
+//!
+//! The region lives in `/dev/shm` (tmpfs), is touched once before measuring
+//! (no first-touch page faults in the figures) and is unlinked at the end.
+//!
+//! ```sh
+//! cargo bench -p infermesh-transport --bench shm_copy -- --warm-up-time 1 --measurement-time 3
+//! ```
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use infermesh_transport::ShmRegion;
+
+const SIZES: [(usize, &str); 3] = [(4 << 10, "4KiB"), (1 << 20, "1MiB"), (16 << 20, "16MiB")];
+
+fn shm_copy(c: &mut Criterion) {
+    let largest = SIZES[SIZES.len() - 1].0;
+    let key = format!("/infermesh-bench-{}", std::process::id());
+    let region = ShmRegion::create(&key, largest as u64).expect("create a region in /dev/shm");
+    let src: Vec<u8> = (0..largest).map(|i| i as u8).collect();
+    let mut dst = vec![0u8; largest];
+    region.write(0, &src).expect("touch every page once");
+
+    let mut group = c.benchmark_group("shm_copy");
+    for (size, label) in SIZES {
+        group.throughput(Throughput::Bytes(size as u64));
+        let src = &src[..size];
+        group.bench_with_input(BenchmarkId::new("memcpy", label), &size, |b, _| {
+            b.iter(|| {
+                dst[..size].copy_from_slice(black_box(src));
+                black_box(&dst);
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("shm_write", label), &size, |b, _| {
+            b.iter(|| region.write(0, black_box(src)).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("shm_read_into", label), &size, |b, _| {
+            b.iter(|| {
+                region.read_into(0, &mut dst[..size]).unwrap();
+                black_box(&dst);
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("shm_read", label), &size, |b, _| {
+            b.iter(|| black_box(region.read(0, size as u64).unwrap()))
+        });
+        group.bench_with_input(BenchmarkId::new("shm_write_read", label), &size, |b, _| {
+            b.iter(|| {
+                region.write(0, black_box(src)).unwrap();
+                region.read_into(0, &mut dst[..size]).unwrap();
+                black_box(&dst);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, shm_copy);
+criterion_main!(benches);

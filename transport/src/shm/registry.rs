@@ -1,0 +1,403 @@
+//! [`ShmRegistry`]: the server side of Triton's system shared-memory
+//! extension — the regions clients registered, per client connection.
+//!
+//! # Owners and trust
+//!
+//! Every region belongs to an *owner*, a `u64` the server derives from the
+//! client connection (the agent numbers its connections; the test worker
+//! hashes the peer address). An owner sees only its own regions: a request
+//! from one connection can neither read, write, list nor unregister a
+//! region another connection registered, even under the same name, and all
+//! of an owner's regions go away with [`ShmRegistry::drop_owner`] when its
+//! connection closes. Region names are therefore per connection, unlike
+//! Triton's one server-wide namespace; a client that registers on one
+//! connection must infer on the same one.
+//!
+//! What an owner cannot be kept from is naming any object in the shm
+//! directory by key: the server opens it with its own permissions. Keys are
+//! confined to that directory (see [`ShmKey`](super::ShmKey)), but a local
+//! client able to reach the server can read or write any shm object the
+//! server's user can open — the same trust Triton places in clients allowed
+//! to use shared memory. Serve shared memory only to local, trusted callers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use infermesh_proto::inference::system_shared_memory_status_response::RegionStatus as ProtoRegionStatus;
+use infermesh_proto::inference::{
+    SystemSharedMemoryRegisterRequest, SystemSharedMemoryStatusRequest,
+    SystemSharedMemoryStatusResponse, SystemSharedMemoryUnregisterRequest,
+};
+
+use super::key::ShmDir;
+use super::region::ShmRegion;
+use crate::error::ShmError;
+
+/// Identifies the client connection that registered a region.
+pub type Owner = u64;
+
+/// Where a [`ShmRegistry`] opens keys and how many regions it allows.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// Directory keys are resolved in (`/dev/shm`).
+    pub dir: ShmDir,
+    /// Regions one owner may hold at once.
+    pub max_regions_per_owner: usize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            dir: ShmDir::system(),
+            max_regions_per_owner: 64,
+        }
+    }
+}
+
+/// A registered region, as `SystemSharedMemoryStatus` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionStatus {
+    /// The name requests use.
+    pub name: String,
+    /// The key as registered.
+    pub key: String,
+    /// Start of the window in the object.
+    pub offset: u64,
+    /// Bytes in the window.
+    pub byte_size: u64,
+}
+
+struct Registered {
+    status: RegionStatus,
+    region: Arc<ShmRegion>,
+}
+
+type Owners = HashMap<Owner, BTreeMap<String, Registered>>;
+
+/// The regions clients registered, keyed by (owner, name). Thread-safe;
+/// clones share the same registry.
+#[derive(Clone, Default)]
+pub struct ShmRegistry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    config: RegistryConfig,
+    owners: RwLock<Owners>,
+}
+
+impl ShmRegistry {
+    /// An empty registry.
+    pub fn new(config: RegistryConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                owners: RwLock::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.inner.config
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Owners> {
+        self.inner
+            .owners
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Owners> {
+        self.inner
+            .owners
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers `byte_size` bytes of the object `key` from `offset` as
+    /// `name` for `owner`: validates the key, opens and maps the object.
+    pub fn register(
+        &self,
+        owner: Owner,
+        name: &str,
+        key: &str,
+        offset: u64,
+        byte_size: u64,
+    ) -> Result<(), ShmError> {
+        if name.is_empty() {
+            return Err(ShmError::EmptyName);
+        }
+        self.check_room(&self.read(), owner, name)?;
+        // Open outside the lock: it is a few system calls.
+        let region = ShmRegion::open_in(&self.inner.config.dir, key, offset, byte_size)?;
+        let mut owners = self.write();
+        self.check_room(&owners, owner, name)?;
+        owners.entry(owner).or_default().insert(
+            name.to_string(),
+            Registered {
+                status: RegionStatus {
+                    name: name.to_string(),
+                    key: key.to_string(),
+                    offset,
+                    byte_size,
+                },
+                region: Arc::new(region),
+            },
+        );
+        Ok(())
+    }
+
+    fn check_room(&self, owners: &Owners, owner: Owner, name: &str) -> Result<(), ShmError> {
+        let regions = owners.get(&owner);
+        if regions.is_some_and(|r| r.contains_key(name)) {
+            return Err(ShmError::AlreadyExists(name.to_string()));
+        }
+        let limit = self.inner.config.max_regions_per_owner;
+        if regions.map_or(0, BTreeMap::len) >= limit {
+            return Err(ShmError::TooManyRegions { limit });
+        }
+        Ok(())
+    }
+
+    /// The owner's regions by name; `None` lists all. An unknown name is
+    /// `NotFound`.
+    pub fn status(&self, owner: Owner, name: Option<&str>) -> Result<Vec<RegionStatus>, ShmError> {
+        let owners = self.read();
+        let regions = owners.get(&owner);
+        match name {
+            None => Ok(regions
+                .map(|r| r.values().map(|e| e.status.clone()).collect())
+                .unwrap_or_default()),
+            Some(name) => regions
+                .and_then(|r| r.get(name))
+                .map(|e| vec![e.status.clone()])
+                .ok_or_else(|| ShmError::NotFound(name.to_string())),
+        }
+    }
+
+    /// Unregisters the owner's region `name`, or all its regions with
+    /// `None`. Like Triton, unregistering a name that is not registered
+    /// succeeds (clients call it in cleanup paths). Requests in flight keep
+    /// the mapping until they finish.
+    pub fn unregister(&self, owner: Owner, name: Option<&str>) -> Result<(), ShmError> {
+        let mut owners = self.write();
+        match name {
+            None => {
+                owners.remove(&owner);
+            }
+            Some(name) => {
+                if let Some(regions) = owners.get_mut(&owner) {
+                    regions.remove(name);
+                    if regions.is_empty() {
+                        owners.remove(&owner);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets everything `owner` registered: its connection closed.
+    pub fn drop_owner(&self, owner: Owner) {
+        self.write().remove(&owner);
+    }
+
+    /// Regions registered, all owners together (for metrics).
+    pub fn region_count(&self) -> usize {
+        self.read().values().map(BTreeMap::len).sum()
+    }
+
+    /// The owner's region `region`, which `tensor` refers to.
+    pub(crate) fn lookup(
+        &self,
+        owner: Owner,
+        tensor: &str,
+        region: &str,
+    ) -> Result<Arc<ShmRegion>, ShmError> {
+        self.read()
+            .get(&owner)
+            .and_then(|r| r.get(region))
+            .map(|e| Arc::clone(&e.region))
+            .ok_or_else(|| ShmError::UnknownRegion {
+                tensor: tensor.to_string(),
+                region: region.to_string(),
+            })
+    }
+
+    /// `SystemSharedMemoryRegister`.
+    pub fn handle_register(
+        &self,
+        owner: Owner,
+        req: &SystemSharedMemoryRegisterRequest,
+    ) -> Result<(), ShmError> {
+        self.register(owner, &req.name, &req.key, req.offset, req.byte_size)
+    }
+
+    /// `SystemSharedMemoryStatus`: an empty name lists all the owner's
+    /// regions.
+    pub fn handle_status(
+        &self,
+        owner: Owner,
+        req: &SystemSharedMemoryStatusRequest,
+    ) -> Result<SystemSharedMemoryStatusResponse, ShmError> {
+        let name = (!req.name.is_empty()).then_some(req.name.as_str());
+        let regions = self
+            .status(owner, name)?
+            .into_iter()
+            .map(|s| {
+                (
+                    s.name.clone(),
+                    ProtoRegionStatus {
+                        name: s.name,
+                        key: s.key,
+                        offset: s.offset,
+                        byte_size: s.byte_size,
+                    },
+                )
+            })
+            .collect();
+        Ok(SystemSharedMemoryStatusResponse { regions })
+    }
+
+    /// `SystemSharedMemoryUnregister`: an empty name unregisters all the
+    /// owner's regions.
+    pub fn handle_unregister(
+        &self,
+        owner: Owner,
+        req: &SystemSharedMemoryUnregisterRequest,
+    ) -> Result<(), ShmError> {
+        let name = (!req.name.is_empty()).then_some(req.name.as_str());
+        self.unregister(owner, name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::test_dir::TestDir;
+
+    fn registry(dir: &TestDir, max: usize) -> ShmRegistry {
+        ShmRegistry::new(RegistryConfig {
+            dir: dir.shm().clone(),
+            max_regions_per_owner: max,
+        })
+    }
+
+    #[test]
+    fn register_status_unregister() {
+        let dir = TestDir::new("registry-basic");
+        let _obj = ShmRegion::create_in(dir.shm(), "obj", 4096).unwrap();
+        let reg = registry(&dir, 8);
+        reg.register(1, "in", "/obj", 0, 1024).unwrap();
+        reg.register(1, "out", "/obj", 1024, 3072).unwrap();
+        let all = reg.status(1, None).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(
+            reg.status(1, Some("out")).unwrap(),
+            vec![RegionStatus {
+                name: "out".into(),
+                key: "/obj".into(),
+                offset: 1024,
+                byte_size: 3072,
+            }]
+        );
+        let err = reg.status(1, Some("nope")).unwrap_err();
+        assert_eq!(err.to_status().code(), tonic::Code::NotFound);
+        reg.unregister(1, Some("in")).unwrap();
+        reg.unregister(1, Some("in")).unwrap();
+        assert_eq!(reg.status(1, None).unwrap().len(), 1);
+        reg.unregister(1, None).unwrap();
+        assert!(reg.status(1, None).unwrap().is_empty());
+        assert_eq!(reg.region_count(), 0);
+    }
+
+    #[test]
+    fn duplicate_name_is_already_exists_and_changes_nothing() {
+        let dir = TestDir::new("registry-dup");
+        let _obj = ShmRegion::create_in(dir.shm(), "obj", 4096).unwrap();
+        let reg = registry(&dir, 8);
+        reg.register(1, "r", "/obj", 0, 64).unwrap();
+        let err = reg.register(1, "r", "/obj", 64, 64).unwrap_err();
+        assert_eq!(err.to_status().code(), tonic::Code::AlreadyExists);
+        assert_eq!(reg.status(1, Some("r")).unwrap()[0].offset, 0);
+    }
+
+    #[test]
+    fn owners_are_isolated() {
+        let dir = TestDir::new("registry-owners");
+        let _obj = ShmRegion::create_in(dir.shm(), "obj", 4096).unwrap();
+        let reg = registry(&dir, 8);
+        reg.register(1, "r", "/obj", 0, 64).unwrap();
+        assert!(reg.status(2, None).unwrap().is_empty());
+        assert!(reg.status(2, Some("r")).is_err());
+        assert!(reg.lookup(2, "t", "r").is_err());
+        // Owner 2 unregistering "r" or everything leaves owner 1's region.
+        reg.unregister(2, Some("r")).unwrap();
+        reg.unregister(2, None).unwrap();
+        assert!(reg.lookup(1, "t", "r").is_ok());
+        // The same name is free for another owner.
+        reg.register(2, "r", "/obj", 128, 64).unwrap();
+        assert_eq!(reg.status(1, Some("r")).unwrap()[0].offset, 0);
+        assert_eq!(reg.status(2, Some("r")).unwrap()[0].offset, 128);
+        reg.drop_owner(1);
+        assert!(reg.lookup(1, "t", "r").is_err());
+        assert!(reg.lookup(2, "t", "r").is_ok());
+    }
+
+    #[test]
+    fn limits_and_bad_input_leave_the_registry_unchanged() {
+        let dir = TestDir::new("registry-limits");
+        let _obj = ShmRegion::create_in(dir.shm(), "obj", 4096).unwrap();
+        let reg = registry(&dir, 2);
+        reg.register(1, "a", "/obj", 0, 64).unwrap();
+        reg.register(1, "b", "obj", 0, 64).unwrap();
+        let err = reg.register(1, "c", "/obj", 0, 64).unwrap_err();
+        assert_eq!(err.to_status().code(), tonic::Code::ResourceExhausted);
+        reg.register(2, "c", "/obj", 0, 64).unwrap();
+        for (name, key, offset, size) in [
+            ("", "/obj", 0, 64),
+            ("x", "../etc/passwd", 0, 64),
+            ("x", "/a/b", 0, 64),
+            ("x", "/missing", 0, 64),
+            ("x", "/obj", u64::MAX, 1),
+            ("x", "/obj", 1, u64::MAX),
+            ("x", "/obj", 4000, 97),
+            ("x", "/obj", 0, 0),
+        ] {
+            let err = reg.register(3, name, key, offset, size).unwrap_err();
+            assert_eq!(
+                err.to_status().code(),
+                tonic::Code::InvalidArgument,
+                "{name} {key} {offset} {size}: {err}"
+            );
+        }
+        assert!(reg.status(3, None).unwrap().is_empty());
+        assert_eq!(reg.region_count(), 3);
+    }
+
+    #[test]
+    fn proto_adapters_treat_empty_names_as_all() {
+        let dir = TestDir::new("registry-proto");
+        let _obj = ShmRegion::create_in(dir.shm(), "obj", 4096).unwrap();
+        let reg = registry(&dir, 8);
+        let req = |name: &str, offset| SystemSharedMemoryRegisterRequest {
+            name: name.into(),
+            key: "/obj".into(),
+            offset,
+            byte_size: 64,
+        };
+        reg.handle_register(7, &req("a", 0)).unwrap();
+        reg.handle_register(7, &req("b", 64)).unwrap();
+        let all = reg
+            .handle_status(7, &SystemSharedMemoryStatusRequest::default())
+            .unwrap();
+        assert_eq!(all.regions.len(), 2);
+        assert_eq!(all.regions["b"].offset, 64);
+        reg.handle_unregister(7, &SystemSharedMemoryUnregisterRequest::default())
+            .unwrap();
+        assert_eq!(reg.region_count(), 0);
+    }
+}

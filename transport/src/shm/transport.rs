@@ -1,0 +1,298 @@
+//! [`ShmTransport`]: the client side of the shared-memory path.
+//!
+//! `stage` leases one region from the [`ShmPool`] per request and lays it
+//! out as: every non-empty input at a 64-byte-aligned offset, then one
+//! window per requested output (sized by `output_bytes_hint`, by default
+//! the total input size and at least 64 KiB). The inputs and requested
+//! outputs get Triton's `shared_memory_*` parameters and
+//! `raw_input_contents` is emptied (zero-byte inputs stay inline: Triton
+//! refuses empty windows). When the request lists no outputs, the server
+//! returns them all inline. `complete` reads each output the server placed
+//! in its window back into `raw_output_contents`, in output order, sizing
+//! it from the output's datatype and shape.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use infermesh_proto::inference::model_infer_response::InferOutputTensor;
+use infermesh_proto::inference::{InferParameter, ModelInferRequest, ModelInferResponse};
+use infermesh_proto::tensor::{DataType, element_count};
+
+use super::params::{REGION_PARAM, ShmRef};
+use super::pool::{MIN_REGION_BYTES, ShmLease, ShmPool};
+use crate::error::TransportError;
+use crate::path::Path;
+use crate::transport::{Registration, Staged, Transport};
+
+/// Alignment of every tensor in a staged region.
+pub const TENSOR_ALIGN: u64 = 64;
+/// Smallest default window for one output.
+pub const MIN_OUTPUT_WINDOW: u64 = MIN_REGION_BYTES;
+
+/// The shared-memory path to one peer (the peer id names the connection
+/// the registrations live on; see [`ShmRegistry`](super::ShmRegistry)).
+#[derive(Clone)]
+pub struct ShmTransport {
+    pool: ShmPool,
+    peer: String,
+    output_bytes_hint: Option<u64>,
+}
+
+/// What a staged request holds until `complete`.
+struct ShmStaged {
+    lease: ShmLease,
+    outputs: Vec<OutputWindow>,
+}
+
+struct OutputWindow {
+    name: String,
+    offset: u64,
+    byte_size: u64,
+}
+
+impl ShmTransport {
+    /// The shared-memory path to `peer`, leasing from `pool`.
+    pub fn new(pool: ShmPool, peer: impl Into<String>) -> Self {
+        Self {
+            pool,
+            peer: peer.into(),
+            output_bytes_hint: None,
+        }
+    }
+
+    /// Reserves `bytes` for each requested output instead of the default
+    /// (total input bytes, at least 64 KiB).
+    pub fn with_output_bytes_hint(mut self, bytes: u64) -> Self {
+        self.output_bytes_hint = Some(bytes.max(1));
+        self
+    }
+
+    /// The peer this transport registers with.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// The pool it leases from.
+    pub fn pool(&self) -> &ShmPool {
+        &self.pool
+    }
+
+    /// Forgets this peer's registrations (it restarted or refused a region),
+    /// so the next request registers again.
+    pub fn forget_registrations(&self) {
+        self.pool.forget_peer(&self.peer);
+    }
+}
+
+fn in_shm(params: &HashMap<String, InferParameter>) -> bool {
+    params.contains_key(REGION_PARAM)
+}
+
+fn align(n: u64) -> u64 {
+    n.saturating_add(TENSOR_ALIGN - 1) & !(TENSOR_ALIGN - 1)
+}
+
+fn malformed(reason: String) -> TransportError {
+    TransportError::MalformedResponse {
+        path: Path::Shm,
+        reason,
+    }
+}
+
+impl Transport for ShmTransport {
+    fn path(&self) -> Path {
+        Path::Shm
+    }
+
+    fn stage(&self, req: &mut ModelInferRequest) -> Result<Staged, TransportError> {
+        // Only the plain raw form is staged; anything else goes as it is.
+        let raw_form =
+            !req.raw_input_contents.is_empty() && req.raw_input_contents.len() == req.inputs.len();
+        let caller_shm = req.inputs.iter().any(|i| in_shm(&i.parameters))
+            || req.outputs.iter().any(|o| in_shm(&o.parameters));
+        let total_input: u64 = req.raw_input_contents.iter().map(|b| b.len() as u64).sum();
+        if !raw_form || caller_shm || total_input == 0 {
+            return Ok(Staged::untouched(Path::Shm));
+        }
+        let mut cursor = 0u64;
+        let input_at: Vec<u64> = req
+            .raw_input_contents
+            .iter()
+            .map(|raw| {
+                let at = cursor;
+                cursor = align(cursor.saturating_add(raw.len() as u64));
+                at
+            })
+            .collect();
+        let window = self
+            .output_bytes_hint
+            .unwrap_or_else(|| total_input.max(MIN_OUTPUT_WINDOW));
+        let outputs: Vec<OutputWindow> = req
+            .outputs
+            .iter()
+            .map(|o| {
+                let at = cursor;
+                cursor = align(cursor.saturating_add(window));
+                OutputWindow {
+                    name: o.name.clone(),
+                    offset: at,
+                    byte_size: window,
+                }
+            })
+            .collect();
+        let lease = self.pool.lease(cursor)?;
+        for (raw, &at) in req.raw_input_contents.iter().zip(&input_at) {
+            lease.region().write(at, raw)?;
+        }
+
+        let original = req.clone();
+        let name = lease.name().to_string();
+        let mut kept = Vec::new();
+        for ((input, raw), &at) in req
+            .inputs
+            .iter_mut()
+            .zip(std::mem::take(&mut req.raw_input_contents))
+            .zip(&input_at)
+        {
+            if raw.is_empty() {
+                kept.push(raw);
+                continue;
+            }
+            let r = ShmRef {
+                region: name.clone(),
+                offset: at,
+                byte_size: raw.len() as u64,
+            };
+            r.to_params(&mut input.parameters);
+        }
+        req.raw_input_contents = kept;
+        for (out, w) in req.outputs.iter_mut().zip(&outputs) {
+            let r = ShmRef {
+                region: name.clone(),
+                offset: w.offset,
+                byte_size: w.byte_size,
+            };
+            r.to_params(&mut out.parameters);
+        }
+
+        let registration = (!lease.is_registered_with(&self.peer)).then(|| {
+            let pooled = lease.shared();
+            let peer = self.peer.clone();
+            Registration::new(
+                name.clone(),
+                format!("/{name}"),
+                0,
+                lease.region().len(),
+                move || pooled.mark_registered(&peer),
+            )
+        });
+        let staged = Staged::rewritten(Path::Shm, original, Box::new(ShmStaged { lease, outputs }));
+        Ok(match registration {
+            Some(r) => staged.with_registration(r),
+            None => staged,
+        })
+    }
+
+    fn complete(
+        &self,
+        staged: Staged,
+        resp: &mut ModelInferResponse,
+    ) -> Result<(), TransportError> {
+        if staged.path() != Path::Shm {
+            return Err(TransportError::WrongPath {
+                staged: staged.path(),
+                completed: Path::Shm,
+            });
+        }
+        let Some(state) = staged.into_state::<ShmStaged>() else {
+            return Ok(());
+        };
+        let n = resp.outputs.len();
+        let mut placed = vec![false; n];
+        let mut windows = Vec::with_capacity(state.outputs.len());
+        for w in &state.outputs {
+            let i = resp
+                .outputs
+                .iter()
+                .position(|o| o.name == w.name)
+                .ok_or_else(|| malformed(format!("output '{}' is missing", w.name)))?;
+            placed[i] = true;
+            windows.push((i, w));
+        }
+        let raw_len = resp.raw_output_contents.len();
+        // Triton keeps an empty entry per shared-memory output; a server
+        // that drops the entry instead is accepted too.
+        let aligned = raw_len == n;
+        if !aligned && raw_len + windows.len() != n {
+            return Err(malformed(format!(
+                "{raw_len} raw_output_contents entries for {n} outputs"
+            )));
+        }
+        let region = state.lease.region();
+        let mut fetched: Vec<Option<Bytes>> = vec![None; n];
+        for (i, w) in windows {
+            if aligned && !resp.raw_output_contents[i].is_empty() {
+                continue; // the server answered this one inline
+            }
+            let size = output_size(&resp.outputs[i], w, region)?;
+            fetched[i] = Some(region.read(w.offset, size)?);
+        }
+        if aligned {
+            for (slot, bytes) in resp.raw_output_contents.iter_mut().zip(fetched) {
+                if let Some(bytes) = bytes {
+                    *slot = bytes;
+                }
+            }
+        } else {
+            let mut inline = std::mem::take(&mut resp.raw_output_contents).into_iter();
+            resp.raw_output_contents = fetched
+                .into_iter()
+                .zip(placed)
+                .map(|(bytes, placed)| {
+                    if placed { bytes } else { inline.next() }.unwrap_or_default()
+                })
+                .collect();
+        }
+        Ok(())
+    }
+}
+
+/// Bytes an output occupies in its window: shape × element size, or for
+/// `BYTES` the length-prefixed elements found in the window.
+fn output_size(
+    out: &InferOutputTensor,
+    w: &OutputWindow,
+    region: &super::ShmRegion,
+) -> Result<u64, TransportError> {
+    let bad = |what: &str| malformed(format!("output '{}': {what}", out.name));
+    let dtype = DataType::parse(&out.datatype).ok_or_else(|| bad("unknown datatype"))?;
+    let count = element_count(&out.shape).ok_or_else(|| bad("invalid shape"))?;
+    let size = match dtype.element_size() {
+        Some(es) => count.checked_mul(es).map(|s| s as u64),
+        None => region.with_slice(w.offset, w.byte_size, |s| bytes_len(s, count))?,
+    }
+    .ok_or_else(|| bad("does not fit its shared memory window"))?;
+    if size > w.byte_size {
+        return Err(bad("does not fit its shared memory window"));
+    }
+    Ok(size)
+}
+
+/// Length of `count` `BYTES` elements (u32 LE length + data) at the start
+/// of `s`, if they fit.
+fn bytes_len(s: &[u8], count: usize) -> Option<u64> {
+    let mut pos = 0usize;
+    for _ in 0..count {
+        let prefix: [u8; 4] = s.get(pos..pos.checked_add(4)?)?.try_into().ok()?;
+        pos = pos
+            .checked_add(4)?
+            .checked_add(u32::from_le_bytes(prefix) as usize)?;
+        if pos > s.len() {
+            return None;
+        }
+    }
+    Some(pos as u64)
+}
+
+#[cfg(test)]
+mod tests;
