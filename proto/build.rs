@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/inference/grpc_service.proto",
         "proto/inference/model_config.proto",
         "proto/infermesh/v1/admin.proto",
+        "proto/infermesh/v1/rdma.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -11,16 +11,22 @@ use axum::routing::get;
 use infermesh_gpu::{GpuError, GpuEvent, GpuEventKind, GpuTelemetry};
 use infermesh_proto::admin::admin_server::{Admin, AdminServer};
 use infermesh_proto::admin::{
-    GpuStatus, InjectGpuEventRequest, InjectGpuEventResponse, RestartWorkerRequest,
-    RestartWorkerResponse, StatusRequest, StatusResponse, WorkerEvent, WorkerStatus,
-    inject_gpu_event_request,
+    DrainRequest, DrainResponse, GpuStatus, HealthResult, InjectGpuEventRequest,
+    InjectGpuEventResponse, RestartWorkerRequest, RestartWorkerResponse, RunHealthChecksRequest,
+    RunHealthChecksResponse, StatusRequest, StatusResponse, UndrainRequest, UndrainResponse,
+    WorkerEvent, WorkerStatus, inject_gpu_event_request,
 };
-use infermesh_sentinel::Event;
+use infermesh_sentinel::{Event, State};
+use subtle::ConstantTimeEq;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::config::{AdminToken, HealthConfig};
+use crate::health::{self, HealthRecord};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
-use crate::worker::Input;
+use crate::registry::Phase;
+use crate::worker::{Input, Worker};
 
 /// Output lines per worker returned by Status.
 const STATUS_OUTPUT_LINES: usize = 20;
@@ -38,6 +44,12 @@ pub struct AdminState {
     pub started: Instant,
     /// GPU telemetry.
     pub gpus: Arc<dyn GpuTelemetry>,
+    /// Token of mutating RPCs; `None` refuses them.
+    pub token: Option<AdminToken>,
+    /// Health checks.
+    pub health: Arc<HealthConfig>,
+    /// The registration phase: drain and undrain move it.
+    pub phase: Arc<watch::Sender<Phase>>,
 }
 
 /// The admin router: HTTP endpoints and the admin gRPC service.
@@ -64,6 +76,8 @@ async fn metrics(axum::extract::State(s): axum::extract::State<AdminState>) -> i
 async fn readyz(axum::extract::State(s): axum::extract::State<AdminState>) -> impl IntoResponse {
     if s.pool.is_stopping() {
         (StatusCode::SERVICE_UNAVAILABLE, "stopping\n")
+    } else if s.pool.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
     } else if s.pool.any_ready() {
         (StatusCode::OK, "ok\n")
     } else {
@@ -109,6 +123,11 @@ impl AdminState {
                             detail: e.detail,
                         })
                         .collect(),
+                    health: w
+                        .health()
+                        .into_iter()
+                        .map(|r| health_result(w.id(), r))
+                        .collect(),
                 }
             })
             .collect();
@@ -117,6 +136,8 @@ impl AdminState {
             version: env!("CARGO_PKG_VERSION").to_string(),
             state: if self.pool.is_stopping() {
                 "stopping"
+            } else if self.pool.is_draining() {
+                "draining"
             } else if self.pool.degraded() {
                 "degraded"
             } else {
@@ -161,6 +182,50 @@ impl AdminState {
     }
 }
 
+fn health_result(worker: &str, r: HealthRecord) -> HealthResult {
+    HealthResult {
+        worker: worker.to_string(),
+        check: r.verdict.check,
+        model: r.verdict.model,
+        pass: r.verdict.pass,
+        reason: r.verdict.reason,
+        latency_us: r.verdict.latency.as_micros() as u64,
+        unix_micros: r.unix_micros,
+    }
+}
+
+impl AdminState {
+    /// Refuses a mutating call without the right `authorization: Bearer` token.
+    fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(AdminToken(expected)) = &self.token else {
+            return Err(Status::unauthenticated(
+                "this agent has no admin token (start it with --admin-token-file); mutating admin calls are refused",
+            ));
+        };
+        let given = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated(
+                "missing or wrong admin token (give `authorization: Bearer <token>`; the CLI reads it from --token-file or INFERMESH_TOKEN_FILE)",
+            ))
+        }
+    }
+
+    fn worker(&self, id: &str) -> Result<&Arc<Worker>, Status> {
+        self.pool
+            .workers()
+            .iter()
+            .find(|w| w.id() == id)
+            .ok_or_else(|| Status::not_found(format!("no worker '{id}' on this node")))
+    }
+}
+
 #[tonic::async_trait]
 impl Admin for AdminState {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
@@ -171,13 +236,9 @@ impl Admin for AdminState {
         &self,
         req: Request<RestartWorkerRequest>,
     ) -> Result<Response<RestartWorkerResponse>, Status> {
+        self.authorize(&req)?;
         let id = &req.get_ref().worker;
-        let worker = self
-            .pool
-            .workers()
-            .iter()
-            .find(|w| w.id() == id)
-            .ok_or_else(|| Status::not_found(format!("no worker '{id}' on this node")))?;
+        let worker = self.worker(id)?;
         tracing::info!(worker = %id, "restart requested through the admin API");
         worker.report(Input::Sentinel(Event::Restart));
         Ok(Response::new(RestartWorkerResponse {}))
@@ -187,6 +248,7 @@ impl Admin for AdminState {
         &self,
         req: Request<InjectGpuEventRequest>,
     ) -> Result<Response<InjectGpuEventResponse>, Status> {
+        self.authorize(&req)?;
         let req = req.into_inner();
         let kind = match req.kind {
             Some(inject_gpu_event_request::Kind::Xid(code)) => GpuEventKind::Xid(code),
@@ -219,5 +281,86 @@ impl Admin for AdminState {
             }
             Err(e) => Err(Status::internal(e.to_string())),
         }
+    }
+
+    async fn drain(&self, req: Request<DrainRequest>) -> Result<Response<DrainResponse>, Status> {
+        self.authorize(&req)?;
+        if self.pool.is_stopping() {
+            return Err(Status::failed_precondition("the agent is shutting down"));
+        }
+        self.pool.set_draining(true);
+        self.phase.send_if_modified(|p| {
+            let changed = *p == Phase::Serving;
+            if changed {
+                *p = Phase::Draining;
+            }
+            changed
+        });
+        let in_flight = self.pool.load().in_flight;
+        tracing::warn!(
+            in_flight,
+            "node drained through the admin API: advertising `draining`"
+        );
+        Ok(Response::new(DrainResponse { in_flight }))
+    }
+
+    async fn undrain(
+        &self,
+        req: Request<UndrainRequest>,
+    ) -> Result<Response<UndrainResponse>, Status> {
+        self.authorize(&req)?;
+        if self.pool.is_stopping() {
+            return Err(Status::failed_precondition("the agent is shutting down"));
+        }
+        self.pool.set_draining(false);
+        self.phase.send_if_modified(|p| {
+            let changed = *p == Phase::Draining;
+            if changed {
+                *p = Phase::Serving;
+            }
+            changed
+        });
+        tracing::info!("node undrained through the admin API: advertising `serving`");
+        Ok(Response::new(UndrainResponse {}))
+    }
+
+    async fn run_health_checks(
+        &self,
+        req: Request<RunHealthChecksRequest>,
+    ) -> Result<Response<RunHealthChecksResponse>, Status> {
+        self.authorize(&req)?;
+        let only = &req.get_ref().worker;
+        let workers: Vec<&Arc<Worker>> = if only.is_empty() {
+            self.pool.workers().iter().collect()
+        } else {
+            vec![self.worker(only)?]
+        };
+        let mut results = Vec::new();
+        for w in workers {
+            let up = matches!(w.state(), State::Ready | State::Degraded | State::Draining);
+            let Some(process) = w.process().filter(|_| up) else {
+                results.push(HealthResult {
+                    worker: w.id().to_string(),
+                    check: "state".into(),
+                    pass: false,
+                    reason: format!("worker is {}, not serving", w.state().as_str()),
+                    ..Default::default()
+                });
+                continue;
+            };
+            let verdicts = health::run_round(&self.health, w, &self.metrics, process.client).await;
+            if let Some(event) = health::round_event(&verdicts) {
+                w.report(Input::Process {
+                    pid: process.pid,
+                    event,
+                });
+            }
+            results.extend(
+                verdicts
+                    .into_iter()
+                    .map(|v| health_result(w.id(), HealthRecord::now(v))),
+            );
+        }
+        Ok(Response::new(RunHealthChecksResponse { results }))
     }
 }

@@ -6,16 +6,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use infermesh_proto::GrpcInferenceServiceServer;
+use infermesh_proto::rdma::RdmaServer;
+use infermesh_transport::shm::ShmRegistry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::admin::{self, AdminState};
 use crate::config::AgentConfig;
+use crate::conn;
 use crate::front::Front;
 use crate::gpu;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use crate::rdma::{RdmaPeers, RdmaService};
 use crate::registry::{self, Advertised, Phase};
 use crate::supervisor::{self, Context};
 use crate::trailer::LoadReportLayer;
@@ -39,6 +42,9 @@ pub enum RunError {
     /// The OIP server failed.
     #[error("OIP server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The configured RDMA emulation could not start.
+    #[error("cannot start the RDMA emulation: {0}")]
+    Rdma(#[source] std::io::Error),
 }
 
 /// Opens the configured GPU telemetry; on failure logs one line and runs
@@ -83,7 +89,18 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
     let metrics = Arc::new(Metrics::new());
     let patterns = Arc::new(cfg.fault_patterns.clone());
     let gpus = open_gpu_telemetry(&cfg);
+    let health = Arc::new(cfg.health.clone());
+    let rdma = crate::rdma::open(cfg.rdma)
+        .await
+        .map_err(RunError::Rdma)?
+        .map(|engine| Arc::new(RdmaPeers::new(engine, cfg.max_message_bytes)));
+    if cfg.admin_token.is_none() {
+        tracing::info!(
+            "no admin token file: mutating admin calls (drain, restart, ...) are refused"
+        );
+    }
     let ctx = Context {
+        health: Arc::clone(&health),
         pool: Arc::clone(&pool),
         metrics: Arc::clone(&metrics),
         max_message_bytes: cfg.max_message_bytes,
@@ -118,6 +135,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         Arc::clone(&metrics),
     ));
     let (set_phase, phase_rx) = watch::channel(Phase::Serving);
+    let set_phase = Arc::new(set_phase);
     let registration = cfg.registry.clone().map(|rcfg| {
         let advertised = Advertised {
             node_id: cfg.node_id.clone(),
@@ -126,6 +144,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             score: cfg.weight,
             gpus: Arc::clone(&gpus),
             pool: Arc::clone(&pool),
+            rdma: rdma.as_ref().map(|r| r.kind().to_string()),
         };
         tokio::spawn(registry::run(rcfg, advertised, phase_rx))
     });
@@ -137,11 +156,32 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
 
     let (stop_serving, serving_rx) = watch::channel(false);
     let oip = {
-        let front = GrpcInferenceServiceServer::new(Front::new(
-            Arc::clone(&pool),
-            Arc::clone(&metrics),
-            Arc::clone(&patterns),
-        ))
+        let shm = ShmRegistry::default();
+        let on_close: conn::OnClose = {
+            let (shm, pool, rdma) = (shm.clone(), Arc::clone(&pool), rdma.clone());
+            Arc::new(move |owner| {
+                shm.drop_owner(owner);
+                if let Some(rdma) = &rdma {
+                    rdma.drop_owner(owner);
+                }
+                // Regions passed through to workers go too.
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let pool = Arc::clone(&pool);
+                    rt.spawn(
+                        async move { crate::shm::forget_on_workers(&pool, owner, None).await },
+                    );
+                }
+            })
+        };
+        let front = GrpcInferenceServiceServer::new(
+            Front::new(
+                Arc::clone(&pool),
+                Arc::clone(&metrics),
+                Arc::clone(&patterns),
+                shm,
+            )
+            .with_rdma(rdma.clone()),
+        )
         .max_decoding_message_size(cfg.max_message_bytes)
         .max_encoding_message_size(cfg.max_message_bytes);
         let mut rx = serving_rx.clone();
@@ -150,12 +190,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             .initial_connection_window_size(Some(16 << 20))
             .layer(LoadReportLayer::new(Arc::clone(&pool)))
             .add_service(front)
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(oip_listener).with_nodelay(Some(true)),
-                async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                },
-            );
+            .add_optional_service(rdma.map(|r| RdmaServer::new(RdmaService::new(r))))
+            .serve_with_incoming_shutdown(conn::incoming(oip_listener, on_close), async move {
+                let _ = rx.wait_for(|s| *s).await;
+            });
         tokio::spawn(server)
     };
     let admin = {
@@ -165,6 +203,9 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             metrics: Arc::clone(&metrics),
             started,
             gpus: Arc::clone(&gpus),
+            token: cfg.admin_token.clone(),
+            health: Arc::clone(&health),
+            phase: Arc::clone(&set_phase),
         };
         let mut rx = serving_rx.clone();
         let server =

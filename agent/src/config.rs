@@ -5,13 +5,18 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use infermesh_health::HealthCheck;
 
 use infermesh_gpu::{Backend, XidAction, XidPolicy};
 use infermesh_proto::registry::{DEFAULT_SESSION_TIMEOUT, RegistryUrl, valid_name};
 use infermesh_sentinel::{FaultPatterns, SentinelConfig};
 use serde::Deserialize;
 
+use crate::rdma::RdmaMode;
 use crate::registry::RegistryConfig;
 
 /// The config file as written (all fields optional; defaults filled in by
@@ -49,6 +54,48 @@ pub struct RawConfig {
     /// Worker processes.
     #[serde(default)]
     pub workers: Vec<RawWorker>,
+    /// File holding the bearer token that mutating admin RPCs must present.
+    pub admin_token_file: Option<PathBuf>,
+    /// Health-check plugins and their schedule.
+    #[serde(default)]
+    pub health: RawHealth,
+    /// Tensor transports the agent offers besides gRPC.
+    #[serde(default)]
+    pub transport: RawTransport,
+    /// Directory relative paths in the file resolve against (the config
+    /// file's directory); not read from the file.
+    #[serde(skip)]
+    pub base_dir: Option<PathBuf>,
+}
+
+/// `[health]`: when checks run; `[[health.checks]]`: what they verify.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    /// Time between periodic rounds of a worker's checks.
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    /// Random extra delay (0..jitter) added to each interval, so the workers
+    /// of a fleet do not probe in lockstep.
+    #[serde(default, with = "humantime_serde")]
+    pub jitter: Option<Duration>,
+    /// Deadline of one check; beyond it the check fails.
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    /// Consecutive failed rounds that restart a worker (fewer degrade it).
+    pub failures: Option<u32>,
+    /// The checks; each applies to the workers that serve its model.
+    #[serde(default)]
+    pub checks: Vec<infermesh_health::CheckSpec>,
+}
+
+/// `[transport]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTransport {
+    /// The RDMA path: `auto` (a real device if present, else off with one
+    /// log line), `emulated` (software, loopback only: tests and demos), `off`.
+    pub rdma: Option<String>,
 }
 
 /// `[queue]`.
@@ -203,6 +250,46 @@ pub struct AgentConfig {
     pub advertise: String,
     /// Workers.
     pub workers: Vec<WorkerSpec>,
+    /// Bearer token of mutating admin RPCs; `None` refuses them all.
+    pub admin_token: Option<AdminToken>,
+    /// Health checks and their schedule.
+    pub health: HealthConfig,
+    /// The RDMA path.
+    pub rdma: RdmaMode,
+}
+
+/// The admin bearer token; never printed.
+#[derive(Clone)]
+pub struct AdminToken(pub String);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+/// Checked `[health]`.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// Time between periodic rounds.
+    pub interval: Duration,
+    /// Up to this much is added to each interval at random.
+    pub jitter: Duration,
+    /// Deadline of one check.
+    pub timeout: Duration,
+    /// The checks.
+    pub checks: Vec<Arc<dyn HealthCheck>>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval: DEFAULT_HEALTH_INTERVAL,
+            jitter: DEFAULT_HEALTH_JITTER,
+            timeout: DEFAULT_HEALTH_TIMEOUT,
+            checks: Vec::new(),
+        }
+    }
 }
 
 /// One worker process to supervise.
@@ -240,6 +327,9 @@ const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DEFAULT_FAULT_KILL_GRACE: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+const DEFAULT_HEALTH_JITTER: Duration = Duration::from_secs(5);
+const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Every problem found in a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -298,10 +388,30 @@ impl AgentConfig {
         if raw.workers.is_empty() {
             problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
         }
-        let sentinel = sentinel_config(&raw.sentinel, &mut problems);
+        let mut sentinel = sentinel_config(&raw.sentinel, &mut problems);
+        let base_dir = raw.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        let health = health_config(&raw.health, &base_dir, &mut problems);
+        if let Some(n) = raw.health.failures {
+            if n == 0 {
+                problems.push("health.failures: must be at least 1".into());
+            }
+            sentinel.health_failure_threshold = n;
+        }
+        let admin_token = raw
+            .admin_token_file
+            .as_ref()
+            .and_then(|p| read_token(&base_dir.join(p), &mut problems));
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
         let registry = registry_config(&raw.registry, &mut problems);
+        let rdma = match raw.transport.rdma.as_deref().map(str::parse::<RdmaMode>) {
+            None => RdmaMode::default(),
+            Some(Ok(mode)) => mode,
+            Some(Err(e)) => {
+                problems.push(format!("transport.rdma: {e}"));
+                RdmaMode::Off
+            }
+        };
         let probe_interval = raw
             .sentinel
             .probe_interval
@@ -386,6 +496,9 @@ impl AgentConfig {
                     .clone()
                     .unwrap_or_else(|| listen.to_string()),
                 workers,
+                admin_token,
+                health,
+                rdma,
             }),
             _ => Err(ConfigError(problems)),
         }
@@ -426,6 +539,47 @@ fn fault_patterns(raw: &RawSentinel, problems: &mut Vec<String>) -> FaultPattern
         problems.push(format!("sentinel.fault_patterns: {e}"));
         FaultPatterns::defaults()
     })
+}
+
+fn health_config(raw: &RawHealth, base_dir: &Path, problems: &mut Vec<String>) -> HealthConfig {
+    let mut checks = Vec::new();
+    for (i, spec) in raw.checks.iter().enumerate() {
+        match infermesh_health::build(spec, base_dir) {
+            Ok(c) => checks.push(Arc::from(c)),
+            Err(e) => problems.push(format!("health.checks[{i}]: {e}")),
+        }
+    }
+    let cfg = HealthConfig {
+        interval: raw.interval.unwrap_or(DEFAULT_HEALTH_INTERVAL),
+        jitter: raw.jitter.unwrap_or(DEFAULT_HEALTH_JITTER),
+        timeout: raw.timeout.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
+        checks,
+    };
+    if cfg.interval.is_zero() || cfg.timeout.is_zero() {
+        problems.push("health: interval and timeout must be above zero".into());
+    }
+    cfg
+}
+
+/// Reads the admin token: the file's content without surrounding whitespace.
+fn read_token(path: &Path, problems: &mut Vec<String>) -> Option<AdminToken> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if t.trim().len() >= 16 => Some(AdminToken(t.trim().to_string())),
+        Ok(_) => {
+            problems.push(format!(
+                "admin_token_file: {} holds fewer than 16 characters; generate one with `head -c 32 /dev/urandom | base64`",
+                path.display()
+            ));
+            None
+        }
+        Err(e) => {
+            problems.push(format!(
+                "admin_token_file: cannot read {}: {e}",
+                path.display()
+            ));
+            None
+        }
+    }
 }
 
 fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<RegistryConfig> {
@@ -535,8 +689,14 @@ mod tests {
     #[test]
     fn example_config_is_valid() {
         let text = include_str!("../../configs/agent.toml");
-        let cfg = AgentConfig::from_raw(RawConfig::from_toml(text).unwrap()).unwrap();
+        let mut raw = RawConfig::from_toml(text).unwrap();
+        raw.base_dir = Some(PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../configs"
+        )));
+        let cfg = AgentConfig::from_raw(raw).unwrap();
         assert!(!cfg.workers.is_empty());
+        assert_eq!(cfg.health.checks.len(), 6);
     }
 
     #[test]
@@ -625,6 +785,26 @@ mod tests {
         .unwrap();
         let text = AgentConfig::from_raw(raw).unwrap_err().to_string();
         assert!(text.contains("registry.url"), "{text}");
+    }
+
+    #[test]
+    fn transport_section_is_checked() {
+        let cfg = |text: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("{text}\n[[workers]]\ncommand = \"w\"\n")).unwrap(),
+            )
+        };
+        assert_eq!(cfg("").unwrap().rdma, RdmaMode::Auto);
+        assert_eq!(
+            cfg("[transport]\nrdma = \"emulated\"").unwrap().rdma,
+            RdmaMode::Emulated
+        );
+        assert_eq!(
+            cfg("[transport]\nrdma = \"off\"").unwrap().rdma,
+            RdmaMode::Off
+        );
+        let text = cfg("[transport]\nrdma = \"yes\"").unwrap_err().to_string();
+        assert!(text.contains("transport.rdma"), "{text}");
     }
 
     #[test]

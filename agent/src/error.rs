@@ -1,5 +1,6 @@
 //! Agent errors, and the one place they become gRPC statuses.
 
+use infermesh_proto::rdma::{NEEDED_BYTES_METADATA, TOO_LARGE_OUTPUT_METADATA};
 use infermesh_proto::tensor::TensorError;
 use tonic::Status;
 
@@ -40,6 +41,27 @@ pub enum AgentError {
         /// Transport error.
         reason: String,
     },
+    /// The request's RDMA parameters are malformed or name a queue pair
+    /// this connection does not have.
+    #[error("rdma: {0}")]
+    RdmaRequest(String),
+    /// An RDMA operation failed or the agent has no RDMA path: the client
+    /// should reconnect and meanwhile send tensors inline.
+    #[error("rdma: {0}")]
+    RdmaPath(String),
+    /// An output does not fit the buffer the client gave for it; nothing
+    /// was written.
+    #[error(
+        "rdma: output too large: '{output}' is {needed} bytes, the client's buffer holds {capacity}"
+    )]
+    RdmaOutputTooLarge {
+        /// Output name.
+        output: String,
+        /// Its size in bytes.
+        needed: u64,
+        /// The buffer's size in bytes.
+        capacity: u64,
+    },
 }
 
 impl From<AgentError> for Status {
@@ -53,8 +75,18 @@ impl From<AgentError> for Status {
             | AgentError::WorkerUnreachable { .. } => Status::unavailable(msg),
             AgentError::QueueFull { .. } => Status::resource_exhausted(msg),
             AgentError::DeadlineInQueue(_) => Status::deadline_exceeded(msg),
-            AgentError::InvalidRequest(_) | AgentError::BadRequest(_) => {
-                Status::invalid_argument(msg)
+            AgentError::InvalidRequest(_)
+            | AgentError::BadRequest(_)
+            | AgentError::RdmaRequest(_) => Status::invalid_argument(msg),
+            AgentError::RdmaPath(_) => Status::unavailable(msg),
+            AgentError::RdmaOutputTooLarge { output, needed, .. } => {
+                // Machine-readable, so the client sizes the next buffer right.
+                let mut md = tonic::metadata::MetadataMap::new();
+                md.insert(NEEDED_BYTES_METADATA, needed.into());
+                if let Ok(name) = output.parse() {
+                    md.insert(TOO_LARGE_OUTPUT_METADATA, name);
+                }
+                Status::with_metadata(tonic::Code::InvalidArgument, msg, md)
             }
         }
     }

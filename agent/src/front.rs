@@ -4,7 +4,9 @@
 //! the workers; `ModelInfer` is validated against the model's metadata,
 //! admitted, dispatched to the least-loaded ready worker hosting the model
 //! (see [`crate::pool`]) under the caller's deadline, and the worker's answer
-//! is passed back unchanged (raw or typed contents alike).
+//! is passed back unchanged (raw or typed contents alike). Tensors may also
+//! come by reference: in shared memory ([`crate::shm`]) or in a client's
+//! RDMA-registered memory ([`crate::rdma`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,12 +23,16 @@ use tonic::codegen::BoxStream;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use crate::conn;
 use crate::deadline::request_timeout;
 use crate::error::AgentError;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use crate::rdma::{self, RdmaPeers};
+use crate::shm;
 use crate::worker::{Input, Worker};
 use infermesh_sentinel::{Event, FaultPatterns};
+use infermesh_transport::shm::ShmRegistry;
 
 /// The OIP service an agent serves.
 #[derive(Clone)]
@@ -34,16 +40,31 @@ pub struct Front {
     pool: Arc<Pool>,
     metrics: Arc<Metrics>,
     patterns: Arc<FaultPatterns>,
+    shm: ShmRegistry,
+    rdma: Option<Arc<RdmaPeers>>,
 }
 
 impl Front {
     /// A front over `pool`.
-    pub fn new(pool: Arc<Pool>, metrics: Arc<Metrics>, patterns: Arc<FaultPatterns>) -> Self {
+    pub fn new(
+        pool: Arc<Pool>,
+        metrics: Arc<Metrics>,
+        patterns: Arc<FaultPatterns>,
+        shm: ShmRegistry,
+    ) -> Self {
         Self {
             pool,
             metrics,
             patterns,
+            shm,
+            rdma: None,
         }
+    }
+
+    /// Serves RDMA requests over `rdma`'s queue pairs (see [`crate::rdma`]).
+    pub fn with_rdma(mut self, rdma: Option<Arc<RdmaPeers>>) -> Self {
+        self.rdma = rdma;
+        self
     }
 
     /// A client to a ready worker hosting `model`, for calls that take no slot.
@@ -67,7 +88,8 @@ impl Front {
         req: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let deadline = request_timeout(req.metadata()).map(|t| Instant::now() + t);
-        let req = req.into_inner();
+        let owner = conn::owner(&req);
+        let mut req = req.into_inner();
         if req.model_name.is_empty() {
             return Err(AgentError::BadRequest("model_name is empty".into()).into());
         }
@@ -76,12 +98,43 @@ impl Front {
             .pool
             .metadata(&req.model_name)
             .ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
-        validate_request(&req, &meta).map_err(AgentError::from)?;
+        // RDMA inputs are pulled before a worker slot is taken, so a slow
+        // link does not hold one; the request then goes on inline.
+        let via_rdma = if rdma::uses_rdma(&req) {
+            Some(rdma::prepare(self.rdma.as_deref(), owner, &mut req).await?)
+        } else {
+            None
+        };
+        let with_shm = shm::uses_shm(&req);
+        if !with_shm {
+            validate_request(&req, &meta).map_err(AgentError::from)?;
+        }
         let lease = ticket.dispatch(&req.model_name, deadline).await?;
         let process = lease.process()?;
-        let resp = forward(lease.worker(), process.client, req, deadline)
+        let prepared = if with_shm {
+            let p = shm::prepare(&self.shm, owner, lease.worker(), &process, &mut req).await?;
+            if matches!(p, shm::Prepared::Inline(_)) {
+                validate_request(&req, &meta).map_err(AgentError::from)?;
+            }
+            self.metrics.transport(match p {
+                shm::Prepared::PassThrough => "shm_passthrough",
+                shm::Prepared::Inline(_) => "shm_inline",
+            });
+            Some(p)
+        } else {
+            self.metrics
+                .transport(if via_rdma.is_some() { "rdma" } else { "grpc" });
+            None
+        };
+        let mut resp = forward(lease.worker(), process.client.clone(), req, deadline)
             .await
             .map_err(|s| self.worker_failed(lease.worker(), process.pid, s))?;
+        if let Some(p) = prepared {
+            shm::finish(&self.shm, owner, p, resp.get_mut())?;
+        }
+        if let Some(p) = via_rdma {
+            p.finish(resp.get_mut()).await?;
+        }
         drop(ticket);
         Ok(resp)
     }
@@ -258,6 +311,39 @@ impl infermesh_proto::GrpcInferenceService for Front {
             })
             .collect();
         Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        req: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        let owner = conn::owner(&req);
+        let req = req.into_inner();
+        // A name reused after an unregister must not reach a worker's stale copy.
+        shm::forget_on_workers(&self.pool, owner, Some(&req.name)).await;
+        self.shm.handle_register(owner, &req)?;
+        tracing::debug!(owner, name = %req.name, key = %req.key, bytes = req.byte_size, "shared memory registered");
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        req: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        let owner = conn::owner(&req);
+        Ok(Response::new(self.shm.handle_status(owner, req.get_ref())?))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        req: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        let owner = conn::owner(&req);
+        let req = req.into_inner();
+        self.shm.handle_unregister(owner, &req)?;
+        let name = (!req.name.is_empty()).then_some(req.name.as_str());
+        shm::forget_on_workers(&self.pool, owner, name).await;
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn model_infer(

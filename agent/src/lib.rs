@@ -11,8 +11,13 @@
 //!   death with the agent, output capture with fault patterns, probes) and
 //!   carrying out what each worker's sentinel decides (restart, backoff,
 //!   quarantine).
+//! - [`health`]: health-check plugins at start, periodically and on demand.
 //! - [`gpu`]: GPU Xid events → the Xid policy → the workers on that GPU.
 //! - [`pool`]: admission, least-in-flight dispatch, the bounded per-model queue.
+//! - [`shm`], [`conn`]: Triton's system shared memory, regions per client
+//!   connection, passed through to workers or copied inline.
+//! - [`rdma`]: the RDMA rung — queue pairs per client connection, inputs
+//!   pulled by RDMA READ and outputs pushed by RDMA WRITE around the worker.
 //! - [`front`]: the OIP service; [`trailer`]: the load report on each response.
 //! - [`registry`]: the node's record in ZooKeeper.
 //! - [`admin`], [`metrics`]: `/metrics`, `/livez`, `/readyz`, admin gRPC.
@@ -26,14 +31,18 @@ pub mod admin;
 pub mod agent;
 pub mod busy;
 pub mod config;
+pub mod conn;
 pub mod deadline;
 pub mod error;
 pub mod front;
 pub mod gpu;
+pub mod health;
 pub mod metrics;
 pub mod pdeathsig;
 pub mod pool;
+pub mod rdma;
 pub mod registry;
+pub mod shm;
 pub mod spawn;
 pub mod supervisor;
 pub mod trailer;

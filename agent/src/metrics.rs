@@ -32,6 +32,10 @@ pub struct Metrics {
     worker_restarts: Family<Labels, Counter>,
     worker_faults: Family<Labels, Counter>,
     gpu_xids: Family<Labels, Counter>,
+    health_checks: Family<Labels, Counter>,
+    health_pass: Family<Labels, Gauge>,
+    health_latency: Family<Labels, Histogram>,
+    transport: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -58,6 +62,47 @@ impl Metrics {
         let worker_restarts = Family::<Labels, Counter>::default();
         let worker_faults = Family::<Labels, Counter>::default();
         let gpu_xids = Family::<Labels, Counter>::default();
+        let transport = Family::<Labels, Counter>::default();
+        registry.register(
+            "transport_requests",
+            "Inference requests by how their tensors arrived: grpc (inline), shm_passthrough (worker reads the client's shared memory), shm_inline (the agent copies), rdma",
+            transport.clone(),
+        );
+        let health_checks = Family::<Labels, Counter>::default();
+        let health_pass = Family::<Labels, Gauge>::default();
+        let health_latency = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+        });
+        registry.register(
+            "worker_restarts",
+            "Worker restarts the sentinel scheduled, by worker and fault reason",
+            worker_restarts.clone(),
+        );
+        registry.register(
+            "worker_faults",
+            "Faults the sentinel detected, by worker and reason",
+            worker_faults.clone(),
+        );
+        registry.register(
+            "gpu_xids",
+            "GPU Xid events seen, by GPU, Xid and verdict",
+            gpu_xids.clone(),
+        );
+        registry.register(
+            "health_checks",
+            "Health-check verdicts, by worker, check, model and result (pass|fail)",
+            health_checks.clone(),
+        );
+        registry.register(
+            "health_check_pass",
+            "1 if the latest verdict of the check passed, 0 if it failed",
+            health_pass.clone(),
+        );
+        registry.register(
+            "health_check_duration_seconds",
+            "Latency of health-check probe requests, by check",
+            health_latency.clone(),
+        );
         registry.register(
             "requests",
             "Inference requests answered, by model and gRPC code",
@@ -111,7 +156,35 @@ impl Metrics {
             worker_restarts,
             worker_faults,
             gpu_xids,
+            health_checks,
+            health_pass,
+            health_latency,
+            transport,
         }
+    }
+
+    /// Counts a request by the path its tensors took.
+    pub fn transport(&self, path: &'static str) {
+        self.transport
+            .get_or_create(&vec![("path", path.to_string())])
+            .inc();
+    }
+
+    /// Records a health-check verdict.
+    pub fn health_verdict(&self, worker: &str, v: &infermesh_health::Verdict) {
+        let mut labels = vec![
+            ("worker", worker.to_string()),
+            ("check", v.check.clone()),
+            ("model", v.model.clone()),
+        ];
+        self.health_pass
+            .get_or_create(&labels)
+            .set(i64::from(v.pass));
+        labels.push(("result", if v.pass { "pass" } else { "fail" }.to_string()));
+        self.health_checks.get_or_create(&labels).inc();
+        self.health_latency
+            .get_or_create(&vec![("check", v.check.clone())])
+            .observe(v.latency.as_secs_f64());
     }
 
     /// Records one answered inference request.

@@ -34,6 +34,7 @@ pub struct Pool {
     slot_freed: Notify,
     metadata: RwLock<HashMap<String, Arc<ModelMetadataResponse>>>,
     stopping: AtomicBool,
+    draining: AtomicBool,
     cursor: AtomicUsize,
 }
 
@@ -62,6 +63,7 @@ impl Pool {
             slot_freed: Notify::new(),
             metadata: RwLock::new(HashMap::new()),
             stopping: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             cursor: AtomicUsize::new(0),
         })
     }
@@ -223,6 +225,17 @@ impl Pool {
     /// Whether the agent is stopping.
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Marks the node drained by an operator (or not). Requests are still
+    /// served; the registry record and readiness tell clients to go elsewhere.
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::SeqCst);
+    }
+
+    /// Whether an operator drained the node.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 

@@ -65,6 +65,8 @@ pub struct Advertised {
     pub gpus: Arc<dyn GpuTelemetry>,
     /// The pool (state, weight, models).
     pub pool: Arc<Pool>,
+    /// The RDMA path's kind (`verbs`, `emulated`) when the agent offers one.
+    pub rdma: Option<String>,
 }
 
 /// The shutdown phases the registration follows.
@@ -106,6 +108,7 @@ impl Advertised {
             endpoints: Endpoints {
                 grpc: self.grpc.clone(),
                 admin: self.admin.clone(),
+                rdma: self.rdma.clone(),
                 ..Default::default()
             },
             models: self

@@ -27,6 +27,8 @@ use tokio::process::Child;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
+use crate::config::HealthConfig;
+use crate::health;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::spawn::{self, describe};
@@ -54,6 +56,8 @@ pub struct Context {
     pub probe_interval: Duration,
     /// Liveness probe timeout.
     pub probe_timeout: Duration,
+    /// Health checks and their schedule.
+    pub health: Arc<HealthConfig>,
 }
 
 enum ProbeKind {
@@ -65,9 +69,23 @@ struct ProbeResult {
     generation: u64,
     kind: ProbeKind,
     ok: bool,
+    /// Startup only: live and ready, but a health check failed.
+    unhealthy: bool,
 }
 
 type ProbeFuture = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
+
+/// The verdicts of one periodic health round, for the process of `generation`.
+struct HealthRound {
+    generation: u64,
+    verdicts: Vec<infermesh_health::Verdict>,
+}
+
+type HealthFuture = Pin<Box<dyn Future<Output = HealthRound> + Send>>;
+
+/// Retry interval of the startup gate while a health check fails (checks
+/// are heavier than the 25 ms readiness poll).
+const HEALTH_GATE_RETRY: Duration = Duration::from_secs(1);
 
 /// Runs `worker` until the agent sends [`Input::Stop`].
 pub async fn supervise(
@@ -92,6 +110,9 @@ pub async fn supervise(
         kill_at: None,
         next_probe: None,
         probe: None,
+        next_health: None,
+        health: None,
+        rng: seed ^ 0x9e37_79b9_7f4a_7c15,
     };
     let actions = driver.sentinel.start(Instant::now());
     driver.execute_all(actions);
@@ -112,15 +133,24 @@ struct Driver {
     kill_at: Option<Instant>,
     next_probe: Option<Instant>,
     probe: Option<ProbeFuture>,
+    next_health: Option<Instant>,
+    health: Option<HealthFuture>,
+    /// splitmix64 state for the health-check jitter.
+    rng: u64,
 }
 
 impl Driver {
     async fn run(&mut self) {
         loop {
-            let wake = [self.sentinel.poll_timeout(), self.kill_at, self.next_probe]
-                .into_iter()
-                .flatten()
-                .min();
+            let wake = [
+                self.sentinel.poll_timeout(),
+                self.kill_at,
+                self.next_probe,
+                self.next_health,
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             tokio::select! {
                 input = self.inputs.recv() => match input {
                     Some(Input::Sentinel(event)) => self.feed(event),
@@ -153,6 +183,10 @@ impl Driver {
                 result = poll_probe(&mut self.probe) => {
                     self.probe = None;
                     self.on_probe(result);
+                }
+                round = poll_health(&mut self.health) => {
+                    self.health = None;
+                    self.on_health(round);
                 }
                 _ = sleep_until(wake) => self.on_timer(),
             }
@@ -208,6 +242,9 @@ impl Driver {
                         }
                         if self.next_probe.is_none() && self.probe.is_none() {
                             self.next_probe = Some(Instant::now() + self.ctx.probe_interval);
+                        }
+                        if self.next_health.is_none() && self.health.is_none() {
+                            self.schedule_health();
                         }
                     }
                     _ => self.worker.set_startup_ms(0),
@@ -277,6 +314,8 @@ impl Driver {
                     .push_event("spawned", format!("pid {}", spawned.pid));
                 self.probe = None;
                 self.next_probe = Some(Instant::now());
+                self.health = None;
+                self.next_health = None;
                 Event::Spawned
             }
             Err(e) => {
@@ -302,6 +341,10 @@ impl Driver {
             self.next_probe = None;
             self.start_probe();
         }
+        if self.next_health.is_some_and(|t| t <= now) {
+            self.next_health = None;
+            self.start_health();
+        }
         self.feed(Event::Tick);
     }
 
@@ -313,13 +356,23 @@ impl Driver {
         let worker = Arc::clone(&self.worker);
         let pool = Arc::clone(&self.ctx.pool);
         let timeout = self.ctx.probe_timeout;
+        let health = Arc::clone(&self.ctx.health);
+        let metrics = Arc::clone(&self.ctx.metrics);
         self.probe = match self.sentinel.state() {
             State::Starting => Some(Box::pin(async move {
-                let ok = startup_ready(&worker, &pool, process.client).await;
+                let ready = startup_ready(&worker, &pool, process.client.clone()).await;
+                // The startup gate: a worker that answers but computes
+                // wrong results must not take traffic.
+                let healthy = !ready
+                    || health::run_round(&health, &worker, &metrics, process.client)
+                        .await
+                        .iter()
+                        .all(|v| v.pass);
                 ProbeResult {
                     generation,
                     kind: ProbeKind::Startup,
-                    ok,
+                    ok: ready && healthy,
+                    unhealthy: !healthy,
                 }
             })),
             State::Ready | State::Degraded | State::Draining => Some(Box::pin(async move {
@@ -330,6 +383,7 @@ impl Driver {
                     generation,
                     kind: ProbeKind::Liveness,
                     ok,
+                    unhealthy: false,
                 }
             })),
             _ => None,
@@ -348,7 +402,12 @@ impl Driver {
             }
             ProbeKind::Startup => {
                 if self.sentinel.state() == State::Starting {
-                    self.next_probe = Some(now + READY_POLL);
+                    let retry = if result.unhealthy {
+                        HEALTH_GATE_RETRY
+                    } else {
+                        READY_POLL
+                    };
+                    self.next_probe = Some(now + retry);
                 }
             }
             ProbeKind::Liveness => {
@@ -372,6 +431,54 @@ impl Driver {
                     Event::ProbeTimeout
                 });
             }
+        }
+    }
+
+    /// Schedules the next periodic health round, if the worker has checks.
+    fn schedule_health(&mut self) {
+        let cfg = &self.ctx.health;
+        if !health::has_checks(cfg, &self.worker) {
+            return;
+        }
+        let jitter_ns = cfg.jitter.as_nanos() as u64;
+        let extra = if jitter_ns == 0 {
+            0
+        } else {
+            splitmix64(&mut self.rng) % jitter_ns
+        };
+        self.next_health = Some(Instant::now() + cfg.interval + Duration::from_nanos(extra));
+    }
+
+    fn start_health(&mut self) {
+        if !matches!(
+            self.sentinel.state(),
+            State::Ready | State::Degraded | State::Draining
+        ) {
+            return;
+        }
+        let Some(process) = self.worker.process().filter(|_| self.child.is_some()) else {
+            return;
+        };
+        let generation = self.generation;
+        let worker = Arc::clone(&self.worker);
+        let cfg = Arc::clone(&self.ctx.health);
+        let metrics = Arc::clone(&self.ctx.metrics);
+        self.health = Some(Box::pin(async move {
+            let verdicts = health::run_round(&cfg, &worker, &metrics, process.client).await;
+            HealthRound {
+                generation,
+                verdicts,
+            }
+        }));
+    }
+
+    fn on_health(&mut self, round: HealthRound) {
+        if round.generation != self.generation || self.child.is_none() {
+            return;
+        }
+        self.schedule_health();
+        if let Some(event) = health::round_event(&round.verdicts) {
+            self.feed(event);
         }
     }
 
@@ -415,6 +522,22 @@ async fn poll_probe(probe: &mut Option<ProbeFuture>) -> ProbeResult {
         Some(p) => p.await,
         None => std::future::pending().await,
     }
+}
+
+async fn poll_health(round: &mut Option<HealthFuture>) -> HealthRound {
+    match round {
+        Some(r) => r.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One step of splitmix64 (Steele et al.): enough randomness for jitter.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -15,6 +15,8 @@ use infermesh_sentinel::{Event, State};
 use tokio::sync::mpsc;
 
 use crate::config::WorkerSpec;
+use crate::health::HealthRecord;
+use crate::shm::WorkerShm;
 
 /// Lines of worker output kept for the admin API.
 pub const OUTPUT_RING_LINES: usize = 200;
@@ -92,6 +94,8 @@ pub struct Worker {
     last_fault: Mutex<Option<String>>,
     output: Mutex<VecDeque<String>>,
     events: Mutex<VecDeque<WorkerEvent>>,
+    health: Mutex<Vec<HealthRecord>>,
+    shm: Mutex<WorkerShm>,
     inputs: mpsc::Sender<Input>,
 }
 
@@ -115,6 +119,8 @@ impl Worker {
             last_fault: Mutex::new(None),
             output: Mutex::new(VecDeque::with_capacity(OUTPUT_RING_LINES)),
             events: Mutex::new(VecDeque::with_capacity(EVENT_RING)),
+            health: Mutex::new(Vec::new()),
+            shm: Mutex::new(WorkerShm::default()),
             inputs,
         });
         (worker, rx)
@@ -184,6 +190,30 @@ impl Worker {
             .iter()
             .cloned()
             .collect()
+    }
+
+    /// Keeps the newest verdict of each (check, model).
+    pub(crate) fn record_health(&self, records: impl IntoIterator<Item = HealthRecord>) {
+        let mut kept = self.health.lock().expect("worker lock");
+        for r in records {
+            let same = |k: &HealthRecord| {
+                k.verdict.check == r.verdict.check && k.verdict.model == r.verdict.model
+            };
+            match kept.iter_mut().find(|k| same(k)) {
+                Some(k) => *k = r,
+                None => kept.push(r),
+            }
+        }
+    }
+
+    /// The newest verdict of each health check that has run.
+    pub fn health(&self) -> Vec<HealthRecord> {
+        self.health.lock().expect("worker lock").clone()
+    }
+
+    /// Runs `f` on what the agent knows of the worker's shared memory.
+    pub(crate) fn shm<R>(&self, f: impl FnOnce(&mut WorkerShm) -> R) -> R {
+        f(&mut self.shm.lock().expect("worker lock"))
     }
 
     /// Worker id.

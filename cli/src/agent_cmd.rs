@@ -39,14 +39,22 @@ pub struct AgentArgs {
     #[arg(long)]
     weight: Option<f64>,
     /// Registry to advertise this node in: zk://host:port[,host:port...][/chroot].
-    #[arg(long)]
+    #[arg(long, env = "INFERMESH_REGISTRY")]
     registry: Option<String>,
+    /// File holding the bearer token that mutating admin calls (drain,
+    /// undrain, restart, health, inject) must present. Without one they are refused.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
     /// Service name in the registry [default: default].
     #[arg(long)]
     service: Option<String>,
     /// Zone (rack, availability zone) advertised in the registry.
     #[arg(long)]
     zone: Option<String>,
+    /// RDMA path: auto (a real device if present), emulated (software, loopback
+    /// only: tests and demos), off [default: auto].
+    #[arg(long, value_name = "off|auto|emulated")]
+    rdma: Option<String>,
     /// A worker command line (repeatable); added to the config file's workers.
     #[arg(long = "worker", value_name = "COMMAND LINE")]
     workers: Vec<String>,
@@ -101,6 +109,19 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
         }
         None => RawConfig::default(),
     };
+    // Relative paths in the file (health requests, exec checks, the token
+    // file) resolve against the file's directory.
+    raw.base_dir = args.config.as_ref().and_then(|p| p.parent()).map(|d| {
+        if d.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            d.to_path_buf()
+        }
+    });
+    if let Some(t) = &args.admin_token_file {
+        // A flag's relative path is relative to where the command runs.
+        raw.admin_token_file = Some(std::path::absolute(t).unwrap_or_else(|_| t.clone()));
+    }
     if let Some(l) = &args.listen {
         raw.listen = Some(l.clone());
     }
@@ -121,6 +142,9 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     }
     if args.threads.is_some() {
         raw.threads = args.threads;
+    }
+    if args.rdma.is_some() {
+        raw.transport.rdma = args.rdma.clone();
     }
     if let Some(n) = &args.node_id {
         raw.node_id = Some(n.clone());

@@ -17,7 +17,9 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use infermesh_proto::GrpcInferenceServiceClient;
-use infermesh_proto::inference::model_infer_request::InferInputTensor;
+use infermesh_proto::inference::model_infer_request::{
+    InferInputTensor, InferRequestedOutputTensor,
+};
 use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
 use infermesh_proto::tensor::f32_to_raw;
 use serde::Serialize;
@@ -72,10 +74,56 @@ pub struct BenchArgs {
     /// (for scripts that just started an agent). 0 = don't wait.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     wait_ready: Duration,
+    /// Move tensors on this transport (with one --target, through the client
+    /// library with the target as the local node): shm (shared memory, falls
+    /// back to grpc if it breaks), grpc (inline), auto (the ladder's choice).
+    /// Lists OUTPUT0 as a requested output, so outputs take the same path;
+    /// use `--model identity` to move the same bytes both ways. Also measures
+    /// a plain memcpy of the same size as the physical limit.
+    #[arg(long, value_enum)]
+    transport: Option<TransportArg>,
     /// Print one JSON object as the last line (stable fields: requests, errors,
     /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}).
     #[arg(long)]
     json: bool,
+}
+
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TransportArg {
+    Shm,
+    Grpc,
+    Auto,
+}
+
+impl TransportArg {
+    fn paths(self) -> infermesh_client::PathsConfig {
+        use infermesh_transport::Path;
+        let prefer = match self {
+            TransportArg::Shm => vec![Path::Shm, Path::Grpc],
+            TransportArg::Grpc => vec![Path::Grpc],
+            TransportArg::Auto => return infermesh_client::PathsConfig::default(),
+        };
+        infermesh_client::PathsConfig {
+            prefer,
+            ..Default::default()
+        }
+    }
+}
+
+/// Bytes per second of a plain memcpy of `size` bytes (one thread, ~0.5 s):
+/// the physical limit a same-host transport is compared with.
+fn memcpy_bandwidth(size: usize) -> f64 {
+    let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
+    let mut dst = vec![0u8; size];
+    let started = Instant::now();
+    let mut copies = 0u64;
+    while started.elapsed() < Duration::from_millis(500) || copies < 3 {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        copies += 1;
+    }
+    copies as f64 * size as f64 / started.elapsed().as_secs_f64()
 }
 
 /// The `--json` report.
@@ -99,6 +147,16 @@ struct Report {
     /// Input tensor bytes sent per second by successful requests.
     bytes_per_s: f64,
     latency_ms: Latency,
+    /// With --transport: the transport asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transport: Option<String>,
+    /// With --transport: requests per path (attempts, successes, failures,
+    /// fallbacks to the next path down).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    paths: BTreeMap<String, serde_json::Value>,
+    /// With --transport: a plain memcpy of the same size, bytes per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memcpy_bytes_per_s: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,6 +269,29 @@ async fn run(args: BenchArgs) -> i32 {
         )
     });
     let caller = match (&args.target, &args.registry) {
+        (Some(target), _) if args.transport.is_some() => {
+            if target.contains(',') {
+                eprintln!("error: --transport takes one --target (the local agent)");
+                return exit::USAGE;
+            }
+            if let Err(code) = direct(target, args.size_bytes as usize, args.wait_ready).await {
+                return code;
+            }
+            let client = infermesh_client::Client::builder()
+                .registry(format!("static://{target}"))
+                .local_node(target.clone())
+                .deadline(args.timeout)
+                .transports(args.transport.expect("checked").paths())
+                .build()
+                .await;
+            match client {
+                Ok(c) => Caller::Mesh(c),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return exit::USAGE;
+                }
+            }
+        }
         (Some(targets), _) => {
             let mut clients = Vec::new();
             for target in targets.split(',') {
@@ -259,9 +340,18 @@ async fn run(args: BenchArgs) -> i32 {
             ..Default::default()
         }],
         raw_input_contents: vec![f32_to_raw(&input).into()],
+        outputs: if args.transport.is_some() {
+            vec![InferRequestedOutputTensor {
+                name: "OUTPUT0".into(),
+                ..Default::default()
+            }]
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     };
     let size_bytes = rows * ROW_BYTES;
+    let memcpy_bytes_per_s = args.transport.map(|_| memcpy_bandwidth(size_bytes));
 
     let progress = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let pb = ProgressBar::new(args.duration.as_millis() as u64);
@@ -391,6 +481,23 @@ async fn run(args: BenchArgs) -> i32 {
             max: hist.max() as f64 / 1000.0,
             mean: hist.mean() / 1000.0,
         },
+        transport: args.transport.map(|t| format!("{t:?}").to_lowercase()),
+        paths: match (&caller, args.transport) {
+            (Caller::Mesh(c), Some(_)) => c
+                .path_counters()
+                .iter()
+                .filter(|(_, n)| n.attempts > 0)
+                .map(|(p, n)| {
+                    let v = serde_json::json!({
+                        "attempts": n.attempts, "successes": n.successes,
+                        "failures": n.failures, "fallbacks": n.fallbacks,
+                    });
+                    (p.to_string(), v)
+                })
+                .collect(),
+            _ => BTreeMap::new(),
+        },
+        memcpy_bytes_per_s,
     };
     print_human(&report);
     if args.json {
@@ -459,6 +566,17 @@ fn print_human(r: &Report) {
         r.throughput_rps,
         r.bytes_per_s / (1024.0 * 1024.0)
     );
+    if let Some(t) = &r.transport {
+        let paths: Vec<String> = r.paths.iter().map(|(p, v)| format!("{p} {v}")).collect();
+        println!("transport {t}: {}", paths.join("  "));
+    }
+    if let Some(m) = r.memcpy_bytes_per_s {
+        println!(
+            "memcpy of the same size: {:.2} MiB/s (transport reaches {:.1}% of it)",
+            m / (1024.0 * 1024.0),
+            100.0 * r.bytes_per_s / m
+        );
+    }
     let l = &r.latency_ms;
     println!(
         "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p999 {:.3}  max {:.3}  mean {:.3}",

@@ -29,7 +29,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Args;
 use hdrhistogram::Histogram;
 use infermesh_proto::GrpcInferenceServiceClient;
-use infermesh_proto::admin::admin_client::AdminClient;
 use infermesh_proto::admin::{
     InjectGpuEventRequest, StatusRequest, WorkerStatus, inject_gpu_event_request,
 };
@@ -42,6 +41,7 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use crate::exit;
+use crate::ops::Admin;
 
 /// The faults a drill can inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +86,9 @@ pub struct DrillArgs {
     /// The agent's admin address.
     #[arg(long)]
     admin: String,
+    /// File holding the agent's admin token (Xid injection is a mutating call).
+    #[arg(long, env = "INFERMESH_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Faults to inject (repeatable). Default: all.
     #[arg(long = "fault", value_enum)]
     faults: Vec<Fault>,
@@ -166,11 +169,15 @@ fn uri(addr: &str) -> String {
 }
 
 async fn run(args: DrillArgs) -> i32 {
-    let admin = match AdminClient::connect(uri(&args.admin)).await {
+    let admin = match crate::ops::read_token(args.token_file.as_ref()) {
+        Ok(token) => crate::ops::connect(&args.admin, Duration::from_secs(5), token).await,
+        Err(e) => Err(e),
+    };
+    let admin = match admin {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("error: cannot reach the admin address {}: {e}", args.admin);
-            return exit::UNAVAILABLE;
+            eprintln!("error: {}", e.message);
+            return e.code;
         }
     };
     let oip = match Channel::from_shared(uri(&args.target)).map(|e| e.connect_lazy()) {
@@ -228,7 +235,9 @@ async fn run(args: DrillArgs) -> i32 {
     }
 }
 
-fn request(model: &str, fault: Option<&str>) -> ModelInferRequest {
+/// A 2-row request for the test worker's dense-shaped models, with the
+/// `infermesh_fault` parameter set to `fault` if given (also used by the demo).
+pub(crate) fn request(model: &str, fault: Option<&str>) -> ModelInferRequest {
     let input: Vec<f32> = (0..32).map(|i| i as f32 / 32.0).collect();
     let mut req = ModelInferRequest {
         model_name: model.to_string(),
@@ -270,7 +279,7 @@ async fn load_loop(
     }
 }
 
-async fn status(admin: &mut AdminClient<Channel>) -> Result<Vec<WorkerStatus>, String> {
+async fn status(admin: &mut Admin) -> Result<Vec<WorkerStatus>, String> {
     admin
         .status(StatusRequest {})
         .await
@@ -282,7 +291,7 @@ async fn status(admin: &mut AdminClient<Channel>) -> Result<Vec<WorkerStatus>, S
 async fn drill_one(
     args: &DrillArgs,
     fault: Fault,
-    mut admin: AdminClient<Channel>,
+    mut admin: Admin,
     samples: &Mutex<Vec<Sample>>,
 ) -> Result<FaultReport, String> {
     let (mut stop_h, mut again_h, mut net_h) = (histogram(), histogram(), histogram());
@@ -386,7 +395,7 @@ async fn drill_one(
 /// `after` (Unix µs) shows up; returns its time and the worker's startup
 /// time then, or `None` past `deadline`.
 async fn wait_for_event(
-    admin: &mut AdminClient<Channel>,
+    admin: &mut Admin,
     worker: &str,
     kind: &str,
     after: u64,
@@ -429,7 +438,7 @@ fn settled(w: &WorkerStatus) -> bool {
 
 /// Waits until every worker that is not quarantined is routable and settled.
 async fn wait_all_routable(
-    admin: &mut AdminClient<Channel>,
+    admin: &mut Admin,
     patience: Duration,
 ) -> Result<Vec<WorkerStatus>, String> {
     let deadline = Instant::now() + patience;
@@ -448,11 +457,7 @@ async fn wait_all_routable(
     }
 }
 
-async fn inject(
-    fault: Fault,
-    victim: &WorkerStatus,
-    admin: &mut AdminClient<Channel>,
-) -> Result<(), String> {
+async fn inject(fault: Fault, victim: &WorkerStatus, admin: &mut Admin) -> Result<(), String> {
     let xid = |code| async move {
         let gpu = victim.gpu.ok_or("worker has no GPU")?;
         admin

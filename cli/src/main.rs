@@ -1,13 +1,16 @@
 //! `infermesh`: the one binary — the agent, the ops commands, bench and demo.
 //! This file parses arguments and dispatches; each subcommand lives in its
-//! own module. Exit codes follow sysexits: 64 usage, 69 unavailable, 78 config.
+//! own module. Exit codes follow sysexits: 1 failure, 64 usage, 69 unavailable, 77 no
+//! permission (admin token), 78 config.
 #![forbid(unsafe_code)]
 
 mod agent_cmd;
 mod bench;
+mod demo;
 mod drill;
 mod exit;
 mod logging;
+mod ops;
 
 use clap::{Parser, Subcommand};
 
@@ -28,9 +31,25 @@ enum Command {
     Agent(agent_cmd::AgentArgs),
     /// Send ModelInfer load to an OIP endpoint and report throughput and latency.
     Bench(bench::BenchArgs),
+    /// Run three agents with test workers on this machine, drive load through the
+    /// client library, crash and slow down workers midway, and show how traffic moves.
+    #[command(long_about = demo::ABOUT)]
+    Demo(demo::DemoArgs),
     /// Inject faults into a running agent's workers under load and report
     /// detection and recovery times (needs test workers and the fake GPU backend).
     Drill(drill::DrillArgs),
+    /// List the nodes of a service: id, zone, state, weight, models, in-flight, version.
+    Nodes(ops::nodes::NodesArgs),
+    /// Show a node's agent: state, workers, restarts, faults, health verdicts, GPUs.
+    Status(ops::status::StatusArgs),
+    /// Run a node's health checks now and print each verdict (exit 1 if any fails).
+    Health(ops::health::HealthArgs),
+    /// Stop clients sending new requests to a node; --wait until in-flight reaches zero.
+    Drain(ops::drain::DrainArgs),
+    /// Let clients send requests to a drained node again.
+    Undrain(ops::drain::UndrainArgs),
+    /// Restart one worker of a node now.
+    Restart(ops::restart::RestartArgs),
     /// Print the version.
     Version,
 }
@@ -40,7 +59,14 @@ fn main() {
     let code = match cli.command {
         Command::Agent(args) => agent_cmd::main(args),
         Command::Bench(args) => bench::main(args),
+        Command::Demo(args) => demo::main(args),
         Command::Drill(args) => drill::main(args),
+        Command::Nodes(args) => ops::nodes::main(args),
+        Command::Status(args) => ops::status::main(args),
+        Command::Health(args) => ops::health::main(args),
+        Command::Drain(args) => ops::drain::main(args),
+        Command::Undrain(args) => ops::drain::undrain_main(args),
+        Command::Restart(args) => ops::restart::main(args),
         Command::Version => {
             println!("infermesh {}", env!("CARGO_PKG_VERSION"));
             exit::OK

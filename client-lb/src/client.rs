@@ -19,6 +19,7 @@ use crate::balancer::{
     Balancer, BalancerConfig, LoadReport, NodeInfo, NodeState, Outcome, PickError,
 };
 use crate::discovery::{self, Discovery, Membership};
+use crate::paths::{Paths, PathsConfig, Peer};
 use crate::retry_budget::RetryBudget;
 
 /// Why a call failed.
@@ -53,6 +54,7 @@ pub struct ClientBuilder {
     budget: (f64, f64),
     balancer: BalancerConfig,
     seed: u64,
+    paths: PathsConfig,
 }
 
 impl Default for ClientBuilder {
@@ -64,6 +66,7 @@ impl Default for ClientBuilder {
             max_attempts: 3,
             budget: (0.2, 10.0),
             balancer: BalancerConfig::default(),
+            paths: PathsConfig::default(),
             seed: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
@@ -125,6 +128,14 @@ impl ClientBuilder {
         self
     }
 
+    /// Transports: preference order, shared-memory pool size, re-probe
+    /// time (see [`crate::paths`]). Default: shared memory to the local
+    /// node, gRPC inline otherwise.
+    pub fn transports(mut self, config: PathsConfig) -> Self {
+        self.paths = config;
+        self
+    }
+
     /// Starts discovery and returns the client. With ZooKeeper, membership
     /// arrives in the background; calls before it fail with [`ClientError::NoNode`].
     pub async fn build(self) -> Result<Client, ClientError> {
@@ -136,6 +147,7 @@ impl ClientBuilder {
             nodes: Mutex::new(HashMap::new()),
             budget: Mutex::new(RetryBudget::new(self.budget.0, self.budget.1)),
             membership: discovery.subscribe(),
+            paths: Paths::new(&self.paths),
             config: self,
         });
         let follower = tokio::spawn(follow(Arc::clone(&inner), discovery.subscribe()));
@@ -176,12 +188,20 @@ pub struct NodeStats {
     pub last_attempt_unix_ms: u64,
 }
 
+/// A node's record and the connection to it.
+struct NodeConn {
+    record: NodeRecord,
+    client: GrpcInferenceServiceClient<Channel>,
+    channel: Channel,
+}
+
 struct Inner {
     stats: Mutex<HashMap<String, NodeStats>>,
     balancer: Mutex<Balancer>,
-    nodes: Mutex<HashMap<String, (NodeRecord, GrpcInferenceServiceClient<Channel>)>>,
+    nodes: Mutex<HashMap<String, NodeConn>>,
     budget: Mutex<RetryBudget>,
     membership: watch::Receiver<Arc<Membership>>,
+    paths: Paths,
     config: ClientBuilder,
 }
 
@@ -192,9 +212,15 @@ async fn follow(inner: Arc<Inner>, mut rx: watch::Receiver<Arc<Membership>>) {
     }
 }
 
-fn channel(addr: &str) -> GrpcInferenceServiceClient<Channel> {
-    infermesh_proto::oip_client(addr, Duration::from_secs(1), DEFAULT_MAX_MESSAGE_BYTES)
-        .expect("validated address")
+/// One connection per node: the OIP client, and the channel under it for
+/// the RDMA control path.
+fn channel(addr: &str) -> (GrpcInferenceServiceClient<Channel>, Channel) {
+    let channel = infermesh_proto::channel::oip_channel(addr, Duration::from_secs(1))
+        .expect("validated address");
+    let client = GrpcInferenceServiceClient::new(channel.clone())
+        .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES);
+    (client, channel)
 }
 
 impl Inner {
@@ -223,11 +249,19 @@ impl Inner {
         for r in &m.nodes {
             let same = nodes
                 .get(&r.node_id)
-                .is_some_and(|(old, _)| old.endpoints.grpc == r.endpoints.grpc);
+                .is_some_and(|old| old.record.endpoints.grpc == r.endpoints.grpc);
             if same {
-                nodes.get_mut(&r.node_id).expect("present").0 = r.clone();
+                nodes.get_mut(&r.node_id).expect("present").record = r.clone();
             } else {
-                nodes.insert(r.node_id.clone(), (r.clone(), channel(&r.endpoints.grpc)));
+                let (client, channel) = channel(&r.endpoints.grpc);
+                nodes.insert(
+                    r.node_id.clone(),
+                    NodeConn {
+                        record: r.clone(),
+                        client,
+                        channel,
+                    },
+                );
             }
         }
     }
@@ -290,6 +324,12 @@ impl Client {
         self.inner.membership.borrow().nodes.clone()
     }
 
+    /// Requests per transport path: attempts, successes, failures and
+    /// fallbacks to the next path down.
+    pub fn path_counters(&self) -> infermesh_transport::LadderCounters {
+        self.inner.paths.counters()
+    }
+
     /// What the client has sent to each node so far.
     pub fn node_stats(&self) -> HashMap<String, NodeStats> {
         self.inner.stats.lock().expect("stats lock").clone()
@@ -329,12 +369,11 @@ impl Client {
                 (Err(_), Some(status)) => return Err(ClientError::Status(status)),
                 (Err(e), None) => return Err(inner.no_node(e)),
             };
-            let Some(mut client) = inner
-                .nodes
-                .lock()
-                .expect("nodes lock")
-                .get(&node)
-                .map(|(_, c)| c.clone())
+            let Some((mut client, channel, rdma)) =
+                inner.nodes.lock().expect("nodes lock").get(&node).map(|n| {
+                    let rdma = n.record.endpoints.rdma.is_some();
+                    (n.client.clone(), n.channel.clone(), rdma)
+                })
             else {
                 tried.push(node);
                 continue;
@@ -345,13 +384,17 @@ impl Client {
                 .expect("balancer lock")
                 .on_send(now, &node);
             inner.record_attempt(&node);
-            let mut request = tonic::Request::new(req.clone());
-            request.set_timeout(
-                deadline
-                    .saturating_duration_since(now)
-                    .max(Duration::from_millis(1)),
-            );
-            let result = client.model_infer(request).await;
+            let timeout = deadline
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(1));
+            let local = inner.config.balancer.local_node.as_deref() == Some(node.as_str());
+            let peer = Peer {
+                node: &node,
+                local,
+                rdma,
+                channel: &channel,
+            };
+            let result = inner.paths.call(peer, &mut client, &req, timeout).await;
             let latency = now.elapsed();
             let done = Instant::now();
             match result {

@@ -36,10 +36,16 @@
 
 pub mod balancer;
 mod client;
+pub mod config;
 pub mod discovery;
+pub mod paths;
+pub mod rdma_path;
 mod retry_budget;
 
 pub use client::{Client, ClientBuilder, ClientError, NodeStats};
+pub use config::ClientConfig;
+pub use paths::PathsConfig;
+pub use rdma_path::{RdmaPath, RdmaPathError};
 pub use retry_budget::RetryBudget;
 
 pub use balancer::{

@@ -15,6 +15,16 @@ pub fn oip_client(
     connect_timeout: Duration,
     max_message_bytes: usize,
 ) -> Result<GrpcInferenceServiceClient<Channel>, String> {
+    Ok(
+        GrpcInferenceServiceClient::new(oip_channel(addr, connect_timeout)?)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes),
+    )
+}
+
+/// The lazily connected channel [`oip_client`] wraps, for other services on
+/// the same connection (e.g. the RDMA control path).
+pub fn oip_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, String> {
     let uri = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -28,7 +38,5 @@ pub fn oip_client(
         .initial_stream_window_size(Some(4 << 20))
         .initial_connection_window_size(Some(16 << 20))
         .connect_lazy();
-    Ok(GrpcInferenceServiceClient::new(channel)
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes))
+    Ok(channel)
 }

@@ -5,7 +5,9 @@
 //!   from the project's own `.proto` files, wire-compatible with Triton's
 //!   published `grpc_service.proto` (same package, RPCs, messages and field
 //!   numbers). Workers and agents speak it; any OIP client can call an agent.
-//! - [`admin`]: the project's `infermesh.v1` administration service.
+//! - [`admin`]: the project's `infermesh.v1` package: the administration
+//!   service and the RDMA control-path service, which [`rdma`] re-exports
+//!   with the `ModelInfer` parameters of the RDMA rung.
 //! - [`tensor`]: datatypes and request validation shared by everything that
 //!   accepts `ModelInfer` (the agent front and the test worker).
 //! - [`load`]: the load report an agent attaches to every response's trailers.
@@ -19,6 +21,7 @@
 
 pub mod channel;
 pub mod load;
+pub mod rdma;
 pub mod registry;
 pub mod tensor;
 
@@ -28,7 +31,8 @@ pub mod inference {
     tonic::include_proto!("inference");
 }
 
-/// The project's administration service (`infermesh.v1` package).
+/// The project's `infermesh.v1` package: the administration service and
+/// the RDMA control path (see [`rdma`]).
 #[allow(clippy::all, missing_docs)]
 pub mod admin {
     tonic::include_proto!("infermesh.v1");

@@ -25,7 +25,27 @@ use infermesh_proto::admin::{StatusRequest, StatusResponse};
 use infermesh_proto::inference::ServerReadyRequest;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+/// The admin token every test agent is started with (`--admin-token-file`).
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+
+/// An admin client that presents [`ADMIN_TOKEN`].
+pub type Admin = AdminClient<
+    InterceptedService<
+        Channel,
+        fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status>,
+    >,
+>;
+
+fn bearer(mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    req.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {ADMIN_TOKEN}").parse().expect("ascii"),
+    );
+    Ok(req)
+}
 
 /// How long fixtures wait for a condition before failing the test.
 pub const PATIENCE: Duration = Duration::from_secs(60);
@@ -127,10 +147,14 @@ impl AgentBuilder {
         let dir = std::env::temp_dir().join(format!("infermesh-test-{}-{oip}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("agent.log");
+        let token_file = dir.join("admin-token");
+        std::fs::write(&token_file, format!("{ADMIN_TOKEN}\n")).unwrap();
         let mut cmd = Command::new(bin("infermesh"));
         cmd.arg("agent")
             .args(["--listen", &format!("127.0.0.1:{oip}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .arg("--admin-token-file")
+            .arg(&token_file)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("agent.out")).unwrap())
@@ -155,6 +179,8 @@ impl AgentBuilder {
             oip: SocketAddr::from(([127, 0, 0, 1], oip)),
             admin: SocketAddr::from(([127, 0, 0, 1], admin)),
             log,
+            token_file,
+            dir,
             workers: self.workers.len()
                 + self
                     .config
@@ -173,6 +199,10 @@ pub struct Agent {
     pub admin: SocketAddr,
     /// Its log file.
     pub log: PathBuf,
+    /// The file holding [`ADMIN_TOKEN`].
+    pub token_file: PathBuf,
+    /// A scratch directory of this agent (config, logs, token).
+    pub dir: PathBuf,
     workers: usize,
 }
 
@@ -197,12 +227,35 @@ impl Agent {
         GrpcInferenceServiceClient::new(ch)
     }
 
+    /// An admin client presenting the agent's token.
+    pub async fn admin(&self) -> Admin {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", self.admin))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect to the admin address");
+        AdminClient::with_interceptor(ch, bearer as fn(_) -> _)
+    }
+
+    /// The admin address's `/metrics` text (HTTP/1.0, headers included).
+    pub async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.admin).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
     /// The agent's admin status.
     pub async fn status(&self) -> StatusResponse {
         self.try_status().await.expect("admin status")
     }
 
-    async fn try_status(&self) -> Option<StatusResponse> {
+    /// The admin status, or `None` while the agent does not answer.
+    pub async fn try_status(&self) -> Option<StatusResponse> {
         let mut admin = AdminClient::connect(format!("http://{}", self.admin))
             .await
             .ok()?;
@@ -335,5 +388,69 @@ pub mod dense {
                 .expect("typed output contents");
             (typed.fp32_contents.clone(), false)
         }
+    }
+}
+
+/// Constant closed-loop load through the client library: `callers` tasks
+/// each sending `dense` requests of `rows` rows one after another (built by
+/// `make`), checking every answer against the model and counting failures.
+pub struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    failed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts the callers.
+    pub fn start(
+        client: &infermesh_client::Client,
+        callers: u32,
+        rows: usize,
+        make: fn(&[f32]) -> infermesh_proto::inference::ModelInferRequest,
+    ) -> Load {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let failed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tasks = (0..callers)
+            .map(|i| {
+                let (client, stop, sent, failed) =
+                    (client.clone(), stop.clone(), sent.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let input = dense::input(rows, i);
+                    while !stop.load(Ordering::Relaxed) {
+                        match client.infer(make(&input)).await {
+                            Ok(r) => assert_eq!(dense::output(&r).0, dense::forward(&input)),
+                            Err(e) => {
+                                eprintln!("request failed: {e}");
+                                failed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            sent,
+            failed,
+            tasks,
+        }
+    }
+
+    /// Requests answered or failed so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the callers and returns how many requests failed.
+    pub async fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("load task panicked");
+        }
+        self.failed.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

@@ -25,11 +25,14 @@ gpu = 1
     );
     let agent = Agent::builder().config(config).start().await;
     let (oip, admin) = (agent.oip.to_string(), agent.admin.to_string());
+    let token_file = agent.token_file.clone();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(bin("infermesh"))
             .args([
                 "drill", "--target", &oip, "--admin", &admin, "--count", "2", "--json",
             ])
+            .arg("--token-file")
+            .arg(&token_file)
             .args([
                 "--fault",
                 "cuda-crash",

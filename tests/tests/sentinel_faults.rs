@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use infermesh_proto::GrpcInferenceServiceClient;
-use infermesh_proto::admin::admin_client::AdminClient;
 use infermesh_proto::admin::{
     InjectGpuEventRequest, RestartWorkerRequest, WorkerStatus, inject_gpu_event_request,
 };
@@ -120,9 +119,7 @@ fn trigger_on_worker(address: String, kind: &'static str) {
 }
 
 async fn inject_xid(agent: &Agent, gpu: u32, xid: u32) {
-    let mut admin = AdminClient::connect(format!("http://{}", agent.admin))
-        .await
-        .unwrap();
+    let mut admin = agent.admin().await;
     admin
         .inject_gpu_event(InjectGpuEventRequest {
             gpu,
@@ -313,9 +310,7 @@ async fn fatal_xid_quarantines_the_gpu() {
 async fn operator_restart_through_the_admin_api() {
     let agent = Agent::builder().config(config()).start().await;
     let before = worker(&agent, "w1").await;
-    let mut admin = AdminClient::connect(format!("http://{}", agent.admin))
-        .await
-        .unwrap();
+    let mut admin = agent.admin().await;
     admin
         .restart_worker(RestartWorkerRequest {
             worker: "w1".into(),
@@ -340,9 +335,7 @@ async fn operator_restart_through_the_admin_api() {
 #[tokio::test]
 async fn xid_injection_needs_the_fake_backend() {
     let agent = Agent::builder().worker(testworker("")).start().await;
-    let mut admin = AdminClient::connect(format!("http://{}", agent.admin))
-        .await
-        .unwrap();
+    let mut admin = agent.admin().await;
     let err = admin
         .inject_gpu_event(InjectGpuEventRequest {
             gpu: 0,

@@ -42,26 +42,52 @@ fn run(cmd: &mut Command, what: &str) {
     assert!(status.success(), "{what} failed: {status}");
 }
 
+/// Runs `tests/py/SCRIPT HOST:PORT` with the venv's Python and returns its
+/// stdout, failing the test with its output if it fails.
+async fn run_script(script: &str, agent: &Agent) -> String {
+    let python = tokio::task::spawn_blocking(venv).await.unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join(script);
+    let out = tokio::process::Command::new(python)
+        .arg(&script)
+        .arg(agent.oip.to_string())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed:\n{stdout}\n{stderr}",
+        script.display()
+    );
+    stdout
+}
+
 #[tokio::test]
 async fn tritonclient_calls_the_agent() {
-    let python = tokio::task::spawn_blocking(venv).await.unwrap();
     let agent = Agent::builder()
         .worker(testworker(""))
         .worker(testworker(""))
         .start()
         .await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/triton_interop.py");
-    let out = tokio::process::Command::new(python)
-        .arg(script)
-        .arg(agent.oip.to_string())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "tritonclient script failed:\n{stdout}\n{stderr}"
-    );
+    let stdout = run_script("triton_interop.py", &agent).await;
     assert!(stdout.contains("tritonclient interop OK"), "{stdout}");
+}
+
+/// Triton's shared-memory example flow with tritonclient's own shm utilities,
+/// once with a worker that reads the client's regions itself (the agent
+/// passes the region through) and once with one that cannot (the agent copies
+/// the tensors inline).
+#[tokio::test]
+async fn tritonclient_shared_memory_flow() {
+    for (worker, path) in [("", "shm_passthrough"), ("--no-shm", "shm_inline")] {
+        let agent = Agent::builder().worker(testworker(worker)).start().await;
+        let stdout = run_script("triton_shm.py", &agent).await;
+        assert!(stdout.contains("shared-memory flow: OK"), "{stdout}");
+        let metrics = agent.metrics().await;
+        let line = format!("infermesh_transport_requests_total{{path=\"{path}\"}}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
 }

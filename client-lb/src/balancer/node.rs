@@ -10,6 +10,9 @@ use super::load::{LatestReport, LoadReport};
 use super::peak_ewma::PeakEwma;
 use super::slow_start::SlowStart;
 
+/// How long a load report of zero weight is believed (see `base_weight`).
+pub const ZERO_REPORT_TTL: Duration = Duration::from_millis(250);
+
 /// A node's name in discovery (the agent's registration name).
 pub type NodeId = String;
 
@@ -110,10 +113,22 @@ impl Node {
 
     /// The weight before slow start: a fresh report's, else the advertised
     /// one; zero if not a positive finite number.
+    ///
+    /// A report of zero weight (the agent had no ready worker when it
+    /// answered) is trusted only for [`ZERO_REPORT_TTL`]: no request goes to
+    /// a zero-weight node, so no newer report could ever replace it, and a
+    /// worker restarted in milliseconds would stay unused for the whole TTL.
     fn base_weight(&self, now: Instant, ttl: Duration) -> f64 {
         let weight = self
             .report
-            .and_then(|r| r.weight(now, ttl))
+            .and_then(|r| {
+                let ttl = if positive_or_zero(r.weight_at_any_age()) == 0.0 {
+                    ttl.min(ZERO_REPORT_TTL)
+                } else {
+                    ttl
+                };
+                r.weight(now, ttl)
+            })
             .unwrap_or(self.info.weight);
         positive_or_zero(weight)
     }
@@ -266,6 +281,25 @@ mod tests {
         assert_eq!(n.max_weight(), 2.0);
         let n = Node::new(t0, info(f64::INFINITY, NodeState::Serving), &cfg);
         assert_eq!(n.max_weight(), 0.0);
+    }
+
+    #[test]
+    fn a_zero_weight_report_expires_quickly() {
+        let t0 = Instant::now();
+        let cfg = BalancerConfig {
+            slow_start: Duration::ZERO,
+            ..BalancerConfig::default()
+        };
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        n.on_report(t0, report(0, 0.0), &cfg);
+        assert_eq!(n.weight(t0 + ZERO_REPORT_TTL / 2, &cfg), 0.0);
+        // No request could refresh it: past the short TTL the advertised
+        // weight counts again, long before the normal report TTL.
+        assert!(ZERO_REPORT_TTL < cfg.load_report_ttl);
+        assert_eq!(n.weight(t0 + ZERO_REPORT_TTL + MS, &cfg), 2.0);
+        // A positive report keeps the normal TTL.
+        n.on_report(t0, report(0, 1.0), &cfg);
+        assert_eq!(n.weight(t0 + ZERO_REPORT_TTL + MS, &cfg), 1.0);
     }
 
     #[test]
