@@ -14,6 +14,8 @@ bin=target/release
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 oip=$(port); admin=$(port)
 cfg=$(mktemp --suffix .toml)
+token=$(mktemp)
+head -c 32 /dev/urandom | base64 > "$token"
 worker='infermesh-testworker --listen 127.0.0.1:{port} --service-time-ms 2'
 {
   printf 'listen = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n' "$oip" "$admin"
@@ -21,8 +23,8 @@ worker='infermesh-testworker --listen 127.0.0.1:{port} --service-time-ms 2'
   printf '[gpu]\nbackend = "fake"\nfake_devices = 4\n'
   for g in 0 1 2 3; do printf '[[workers]]\ncommand = "%s"\ngpu = %s\n' "$worker" "$g"; done
 } > "$cfg"
-"$bin/infermesh" agent --config "$cfg" 2>/tmp/infermesh-drill-agent.log &
+"$bin/infermesh" agent --config "$cfg" --admin-token-file "$token" 2>/tmp/infermesh-drill-agent.log &
 agent=$!
-trap 'kill -TERM $agent 2>/dev/null; wait $agent 2>/dev/null; rm -f "$cfg"' EXIT
+trap 'kill -TERM $agent 2>/dev/null; wait $agent 2>/dev/null; rm -f "$cfg" "$token"' EXIT
 "$bin/infermesh" bench --target "127.0.0.1:$oip" --duration 1ms --warmup 0s --wait-ready 60s >/dev/null
-"$bin/infermesh" drill --target "127.0.0.1:$oip" --admin "127.0.0.1:$admin" --count "$count" --concurrency 4 --json "$@"
+"$bin/infermesh" drill --target "127.0.0.1:$oip" --admin "127.0.0.1:$admin" --token-file "$token" --count "$count" --concurrency 4 --json "$@"
