@@ -142,7 +142,8 @@ pub struct ClientConfig {
     /// Balancer tuning. Its `local_node` is always `None`: the top-level
     /// [`ClientConfig::local_node`] holds it.
     pub balancer: BalancerConfig,
-    /// Transport ladder (parsed and checked; not yet used by the client).
+    /// Transport ladder, applied with [`ClientBuilder::transports`]
+    /// (`quic` is accepted and skipped: not implemented).
     pub transport: TransportConfig,
 }
 
@@ -312,7 +313,24 @@ impl ClientConfig {
         if let Some(seed) = self.seed {
             builder = builder.seed(seed);
         }
-        builder
+        // QUIC has no implementation yet: it is accepted and skipped.
+        let prefer = self
+            .transport
+            .prefer
+            .iter()
+            .filter_map(|k| match k {
+                TransportKind::Shm => Some(infermesh_transport::Path::Shm),
+                TransportKind::Rdma => Some(infermesh_transport::Path::Rdma),
+                TransportKind::Grpc => Some(infermesh_transport::Path::Grpc),
+                TransportKind::Quic => None,
+            })
+            .collect();
+        builder.transports(crate::PathsConfig {
+            prefer,
+            shm_pool_bytes: self.transport.shm_pool_bytes,
+            reprobe_after: self.transport.reprobe_after,
+            ..Default::default()
+        })
     }
 }
 
