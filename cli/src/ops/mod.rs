@@ -238,7 +238,7 @@ pub async fn resolve(args: &NodeArgs) -> Result<Target, OpsError> {
 }
 
 /// Adds `authorization: Bearer <token>` to every call when a token is set.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);
 
 impl Interceptor for Bearer {
