@@ -12,14 +12,15 @@
 
 use std::time::Duration;
 
+use infermesh_backoff::{Backoff as Streak, BackoffPolicy};
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
 
 /// Crash-loop counter and the jitter source.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {
-    base: Duration,
-    cap: Duration,
+    /// Delayed restarts of this loop (the first, immediate one not counted).
+    streak: Streak,
     /// Restarts since the worker was last stable.
     consecutive: u32,
     rng: SmallRng,
@@ -28,8 +29,7 @@ pub(crate) struct Backoff {
 impl Backoff {
     pub(crate) fn new(base: Duration, cap: Duration, seed: u64) -> Self {
         Self {
-            base,
-            cap,
+            streak: Streak::new(BackoffPolicy::new(base, cap)),
             consecutive: 0,
             rng: SmallRng::seed_from_u64(seed),
         }
@@ -47,21 +47,13 @@ impl Backoff {
         if n == 0 {
             return Duration::ZERO;
         }
-        let nominal = self.nominal(n);
-        self.rng.random_range(nominal / 2..=nominal)
-    }
-
-    /// `min(cap, base * 2^(n-1))`, without overflowing for long loops.
-    fn nominal(&self, n: u32) -> Duration {
-        let factor = 1u32.checked_shl(n - 1).unwrap_or(u32::MAX);
-        self.base
-            .checked_mul(factor)
-            .map_or(self.cap, |d| d.min(self.cap))
+        self.streak.next_delay(&mut self.rng)
     }
 
     /// Forgets the crash loop: the worker has been stable.
     pub(crate) fn reset(&mut self) {
         self.consecutive = 0;
+        self.streak.reset();
     }
 
     /// Restarts counted since the worker was last stable.
@@ -144,13 +136,12 @@ mod tests {
     #[test]
     fn very_long_loops_stay_at_the_cap() {
         let mut b = Backoff::new(BASE, CAP, 3);
-        b.consecutive = u32::MAX - 1;
+        for _ in 0..100 {
+            b.next_delay(false);
+        }
         for _ in 0..3 {
             let d = b.next_delay(false);
             assert!(d >= CAP / 2 && d <= CAP);
         }
-        let mut huge = Backoff::new(Duration::MAX, Duration::MAX, 3);
-        huge.consecutive = 40;
-        assert!(huge.next_delay(false) >= Duration::MAX / 2);
     }
 }

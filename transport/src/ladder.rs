@@ -20,6 +20,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use infermesh_backoff::BackoffPolicy;
+
 use crate::path::Path;
 
 /// How a [`Ladder`] orders and re-probes paths.
@@ -81,6 +83,8 @@ struct Open {
     /// When the next probe may go.
     retry_at: Instant,
     cooldown: Duration,
+    /// Failures of this spell: the first one and each failed probe.
+    failures: u32,
     /// A probe was admitted and has not reported yet.
     probing: bool,
 }
@@ -109,13 +113,20 @@ impl Breaker {
             None => Open {
                 retry_at: now + config.reprobe_after,
                 cooldown: config.reprobe_after,
+                failures: 1,
                 probing: false,
             },
             Some(o) if o.probing => {
-                let cooldown = (o.cooldown * 2).min(config.max_reprobe_after);
+                // One client re-probing one peer: nobody to desynchronise from,
+                // so no jitter.
+                let policy = BackoffPolicy::new(config.reprobe_after, config.max_reprobe_after)
+                    .without_jitter();
+                let failures = o.failures.saturating_add(1);
+                let cooldown = policy.nominal(failures);
                 Open {
                     retry_at: now + cooldown,
                     cooldown,
+                    failures,
                     probing: false,
                 }
             }

@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use rand::RngExt;
+use infermesh_backoff::BackoffPolicy;
 use rand::rngs::SmallRng;
 
 /// The failure streak and ejection history of one node.
@@ -71,8 +71,7 @@ impl Ejection {
     ) -> Instant {
         self.spell = self.spell.saturating_add(1);
         self.streak = 0;
-        let nominal = nominal(self.spell, base, max);
-        let length = rng.random_range(nominal / 2..=nominal);
+        let length = BackoffPolicy::new(base, max).delay(self.spell, rng);
         // Only absurd configured lengths overflow `Instant`; fall back to
         // the cap rather than panicking.
         let until = now
@@ -88,12 +87,6 @@ impl Ejection {
     pub(crate) fn spell(&self) -> u32 {
         self.spell
     }
-}
-
-/// `min(max, base * 2^(n-1))` for the n-th ejection, without overflowing.
-fn nominal(n: u32, base: Duration, max: Duration) -> Duration {
-    let factor = 1u32.checked_shl(n.saturating_sub(1)).unwrap_or(u32::MAX);
-    base.checked_mul(factor).map_or(max, |d| d.min(max))
 }
 
 #[cfg(test)]
@@ -181,7 +174,13 @@ mod tests {
 
     #[test]
     fn huge_spells_stay_at_the_cap() {
-        assert_eq!(nominal(1000, SEC, MAX), MAX);
-        assert_eq!(nominal(40, Duration::MAX, Duration::MAX), Duration::MAX);
+        let mut rng = SmallRng::seed_from_u64(3);
+        let mut e = Ejection::default();
+        let mut now = Instant::now();
+        for _ in 0..1000 {
+            let until = e.eject(now, SEC, MAX, &mut rng);
+            assert!(until - now <= MAX);
+            now = until;
+        }
     }
 }
