@@ -1,5 +1,10 @@
 //! The admin address: `/metrics` (OpenMetrics text), `/livez`, `/readyz`
-//! (Kubernetes probes) and the `infermesh.v1.Admin` gRPC service, on one port.
+//! (Kubernetes probes) and the `infermesh.v1.Admin` gRPC service, on one
+//! port. Any other path is 404, so a mistyped probe fails.
+//!
+//! Mutating RPCs need the admin token. `Status` answers without it but then
+//! leaves out worker command lines and output lines, which may carry
+//! secrets (credentials in arguments, paths, data in logs).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,15 +26,18 @@ use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::config::{AdminToken, HealthConfig};
-use crate::health::{self, HealthRecord};
+use crate::config::AdminToken;
+use crate::inbox::Control;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::registry::Phase;
-use crate::worker::{Input, Worker};
+use crate::state::Worker;
+use crate::worker_log::HealthRecord;
 
 /// Output lines per worker returned by Status.
 const STATUS_OUTPUT_LINES: usize = 20;
+/// What Status shows instead of a command line without the admin token.
+pub const HIDDEN: &str = "(hidden: needs the admin token)";
 
 /// State behind the admin endpoints.
 #[derive(Clone)]
@@ -46,15 +54,15 @@ pub struct AdminState {
     pub gpus: Arc<dyn GpuTelemetry>,
     /// Token of mutating RPCs; `None` refuses them.
     pub token: Option<AdminToken>,
-    /// Health checks.
-    pub health: Arc<HealthConfig>,
     /// The registration phase: drain and undrain move it.
     pub phase: Arc<watch::Sender<Phase>>,
 }
 
 /// The admin router: HTTP endpoints and the admin gRPC service.
 pub fn router(state: AdminState) -> Router {
-    let grpc = tonic::service::Routes::new(AdminServer::new(state.clone())).into_axum_router();
+    let grpc = tonic::service::Routes::new(AdminServer::new(state.clone()))
+        .into_axum_router()
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") });
     let http = Router::new()
         .route("/metrics", get(metrics))
         .route("/livez", get(|| async { "ok\n" }))
@@ -86,35 +94,43 @@ async fn readyz(axum::extract::State(s): axum::extract::State<AdminState>) -> im
 }
 
 impl AdminState {
-    /// The Status answer.
-    pub fn status(&self) -> StatusResponse {
+    /// The Status answer; command lines and output only if `full`.
+    pub fn status(&self, full: bool) -> StatusResponse {
         let load = self.pool.load();
         let workers = self
             .pool
             .workers()
             .iter()
             .map(|w| {
-                let process = w.process();
+                let snap = w.snapshot();
+                let process = snap.process.as_ref();
+                let (in_flight, requests) = self.pool.worker_load(w.index);
                 WorkerStatus {
                     id: w.id().to_string(),
-                    state: w.state().as_str().to_string(),
-                    pid: process.as_ref().map_or(0, |p| p.pid),
-                    address: process
-                        .as_ref()
-                        .map(|p| p.address.to_string())
-                        .unwrap_or_default(),
-                    models: w.models().map(|m| m.to_vec()).unwrap_or_default(),
-                    in_flight: w.in_flight() as u64,
-                    requests: w.requests(),
-                    last_exit: w.last_exit().unwrap_or_default(),
+                    state: snap.state.as_str().to_string(),
+                    pid: process.map_or(0, |p| p.pid),
+                    address: process.map(|p| p.address.to_string()).unwrap_or_default(),
+                    models: snap.models.as_ref().map(|m| m.to_vec()).unwrap_or_default(),
+                    in_flight: in_flight as u64,
+                    requests,
+                    last_exit: snap.last_exit.clone().unwrap_or_default(),
                     gpu: w.spec.gpu,
-                    command: w.spec.command.clone(),
-                    last_output: w.last_output(STATUS_OUTPUT_LINES),
-                    routable: w.routable(),
-                    restarts: w.restarts(),
-                    last_fault: w.last_fault().unwrap_or_default(),
-                    startup_ms: w.startup_ms(),
+                    command: if full {
+                        w.spec.command.clone()
+                    } else {
+                        HIDDEN.into()
+                    },
+                    last_output: if full {
+                        w.log().last_output(STATUS_OUTPUT_LINES)
+                    } else {
+                        Vec::new()
+                    },
+                    routable: snap.routable,
+                    restarts: snap.restarts,
+                    last_fault: snap.last_fault.clone().unwrap_or_default(),
+                    startup_ms: snap.startup_ms,
                     events: w
+                        .log()
                         .events()
                         .into_iter()
                         .map(|e| WorkerEvent {
@@ -124,6 +140,7 @@ impl AdminState {
                         })
                         .collect(),
                     health: w
+                        .log()
                         .health()
                         .into_iter()
                         .map(|r| health_result(w.id(), r))
@@ -228,8 +245,12 @@ impl AdminState {
 
 #[tonic::async_trait]
 impl Admin for AdminState {
-    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        Ok(Response::new(AdminState::status(self)))
+    async fn status(
+        &self,
+        req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let full = self.authorize(&req).is_ok();
+        Ok(Response::new(AdminState::status(self, full)))
     }
 
     async fn restart_worker(
@@ -240,7 +261,7 @@ impl Admin for AdminState {
         let id = &req.get_ref().worker;
         let worker = self.worker(id)?;
         tracing::info!(worker = %id, "restart requested through the admin API");
-        worker.report(Input::Sentinel(Event::Restart));
+        worker.reporter().control(Control::Sentinel(Event::Restart));
         Ok(Response::new(RestartWorkerResponse {}))
     }
 
@@ -335,25 +356,33 @@ impl Admin for AdminState {
         } else {
             vec![self.worker(only)?]
         };
+        // Each worker's supervisor runs the round (it keeps the verdicts
+        // and feeds them to the sentinel like a periodic round); all at once.
+        let rounds: Vec<_> = workers
+            .into_iter()
+            .map(|w| {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                w.reporter().control(Control::RunHealthChecks(tx));
+                (w, rx)
+            })
+            .collect();
         let mut results = Vec::new();
-        for w in workers {
-            let up = matches!(w.state(), State::Ready | State::Degraded | State::Draining);
-            let Some(process) = w.process().filter(|_| up) else {
-                results.push(HealthResult {
-                    worker: w.id().to_string(),
-                    check: "state".into(),
-                    pass: false,
-                    reason: format!("worker is {}, not serving", w.state().as_str()),
-                    ..Default::default()
-                });
+        for (w, rx) in rounds {
+            let verdicts = rx.await.unwrap_or_default();
+            if verdicts.is_empty() {
+                // No verdicts: either no check applies (nothing to say) or
+                // the worker is not serving.
+                let state = w.snapshot().state;
+                if !matches!(state, State::Ready | State::Degraded | State::Draining) {
+                    results.push(HealthResult {
+                        worker: w.id().to_string(),
+                        check: "state".into(),
+                        pass: false,
+                        reason: format!("worker is {}, not serving", state.as_str()),
+                        ..Default::default()
+                    });
+                }
                 continue;
-            };
-            let verdicts = health::run_round(&self.health, w, &self.metrics, process.client).await;
-            if let Some(event) = health::round_event(&verdicts) {
-                w.report(Input::Process {
-                    pid: process.pid,
-                    event,
-                });
             }
             results.extend(
                 verdicts

@@ -1,29 +1,56 @@
-//! The agent's life: bind, spawn workers, serve, and on shutdown drain
-//! in-flight requests before stopping workers.
+//! The agent's life: bind, start supervisors and servers, serve, and shut
+//! down in order with a bound on every step.
+//!
+//! Every task the agent starts is spawned on one of two [`TaskTracker`]s —
+//! `requests` (client connections, their HTTP/2 streams, stream forwarders)
+//! and `background` (supervisors, connections to workers, GPU events, the
+//! registry, the admin port) — and ends on a [`CancellationToken`], so
+//! shutdown can wait for all of them and nothing is left detached.
+//!
+//! Shutdown (SIGTERM, or the `shutdown` future):
+//! 1. readiness turns false and the registry record says `draining`;
+//! 2. for `drain_delay` the agent keeps serving normally, so clients that
+//!    have not yet seen the record do not fail;
+//! 3. the OIP port stops accepting and sends GOAWAY; in-flight requests
+//!    finish, bounded by `shutdown_grace` (then whatever is left is dropped
+//!    and queued requests are failed);
+//! 4. the record is deleted; workers get SIGTERM, then SIGKILL after their
+//!    `stop_grace`; the remaining tasks end; the function returns.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use infermesh_gpu::{GpuTelemetry, XidClassifier};
 use infermesh_proto::GrpcInferenceServiceServer;
 use infermesh_proto::rdma::RdmaServer;
 use infermesh_transport::shm::ShmRegistry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
-use crate::config::AgentConfig;
-use crate::conn;
+use crate::config::{AgentConfig, limits};
+use crate::conn::OnClose;
+use crate::forward::{BodyLimits, InferPath};
 use crate::front::Front;
 use crate::gpu;
+use crate::launch::{Launcher, ProcessLauncher};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::rdma::{RdmaPeers, RdmaService};
 use crate::registry::{self, Advertised, Phase};
+use crate::server::{self, Oip, ServerLimits, Shutdown};
+use crate::shm::{self, ShmState};
+use crate::state::Worker;
 use crate::supervisor::{self, Context};
-use crate::trailer::LoadReportLayer;
-use crate::worker::{Input, Worker};
-use infermesh_gpu::{GpuTelemetry, XidClassifier};
+
+/// How long the registry may take to confirm the record's deletion.
+const DEREGISTER_WAIT: Duration = Duration::from_secs(3);
+/// Beyond the workers' stop grace, how long background tasks may take to end.
+const BACKGROUND_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +66,6 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
-    /// The OIP server failed.
-    #[error("OIP server failed: {0}")]
-    Serve(#[from] tonic::transport::Error),
     /// The configured RDMA emulation could not start.
     #[error("cannot start the RDMA emulation: {0}")]
     Rdma(#[source] std::io::Error),
@@ -66,11 +90,41 @@ fn open_gpu_telemetry(cfg: &AgentConfig) -> Arc<dyn GpuTelemetry> {
     }
 }
 
-/// Runs an agent until `shutdown` resolves, then shuts down gracefully:
-/// readiness turns false, no new connections are accepted, in-flight requests
-/// finish (bounded by `shutdown_grace`), workers get SIGTERM (SIGKILL after
-/// their `stop_grace`), and the function returns.
+/// Raises the soft limit on open files to the hard limit (client
+/// connections are file descriptors) and returns it.
+fn raise_fd_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                tracing::warn!(soft, hard, error = %e, "cannot raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the open-file limit; assuming 1024");
+            1024
+        }
+    }
+}
+
+/// Runs an agent until `shutdown` resolves, then shuts down as the module
+/// docs describe. Workers are started as processes.
 pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let launcher = ProcessLauncher {
+        shim: cfg.worker_shim.clone(),
+    };
+    run_with(cfg, Arc::new(launcher), shutdown).await
+}
+
+/// [`run`], with workers started by `launcher`.
+pub async fn run_with(
+    cfg: AgentConfig,
+    launcher: Arc<dyn Launcher>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let started = Instant::now();
     let bind = |addr, what| async move {
         TcpListener::bind(addr)
@@ -83,13 +137,26 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         oip_listener.local_addr().unwrap_or(cfg.listen),
         admin_listener.local_addr().unwrap_or(cfg.admin_listen),
     );
+    let requests = TaskTracker::new();
+    let background = TaskTracker::new();
+    let stop_workers = CancellationToken::new();
+    let stop_background = CancellationToken::new();
+    let port = Shutdown {
+        graceful: CancellationToken::new(),
+        hard: CancellationToken::new(),
+    };
 
-    let (workers, inputs): (Vec<_>, Vec<_>) = cfg.workers.iter().cloned().map(Worker::new).unzip();
+    let (workers, drivers): (Vec<_>, Vec<_>) = cfg
+        .workers
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(i, spec)| Worker::new(spec, i))
+        .unzip();
     let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
     let metrics = Arc::new(Metrics::new());
     let patterns = Arc::new(cfg.fault_patterns.clone());
     let gpus = open_gpu_telemetry(&cfg);
-    let health = Arc::new(cfg.health.clone());
     let rdma = crate::rdma::open(cfg.rdma)
         .await
         .map_err(RunError::Rdma)?
@@ -100,7 +167,7 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         );
     }
     let ctx = Context {
-        health: Arc::clone(&health),
+        health: Arc::new(cfg.health.clone()),
         pool: Arc::clone(&pool),
         metrics: Arc::clone(&metrics),
         max_message_bytes: cfg.max_message_bytes,
@@ -108,32 +175,38 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
         sentinel: cfg.sentinel.clone(),
         probe_interval: cfg.probe_interval,
         probe_timeout: cfg.probe_timeout,
+        launcher,
+        tasks: background.clone(),
     };
     // Seeds only the backoff jitter; different per agent start and per worker.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let supervisors: Vec<_> = pool
-        .workers()
-        .iter()
-        .zip(inputs)
-        .enumerate()
-        .map(|(i, (w, rx))| {
-            tokio::spawn(supervisor::supervise(
-                Arc::clone(w),
-                ctx.clone(),
-                rx,
-                seed ^ i as u64,
-            ))
-        })
-        .collect();
-    let gpu_watch = tokio::spawn(gpu::watch(
-        Arc::clone(&gpus),
-        XidClassifier::new(cfg.xid_policy.clone()),
-        Arc::clone(&pool),
-        Arc::clone(&metrics),
-    ));
+    for (i, (w, d)) in pool.workers().iter().zip(drivers).enumerate() {
+        background.spawn(supervisor::supervise(
+            Arc::clone(w),
+            d,
+            ctx.clone(),
+            seed ^ i as u64,
+            stop_workers.clone(),
+        ));
+    }
+    {
+        let watch = gpu::watch(
+            Arc::clone(&gpus),
+            XidClassifier::new(cfg.xid_policy.clone()),
+            Arc::clone(&pool),
+            Arc::clone(&metrics),
+        );
+        let stop = stop_background.clone();
+        background.spawn(async move {
+            tokio::select! {
+                _ = watch => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
     let (set_phase, phase_rx) = watch::channel(Phase::Serving);
     let set_phase = Arc::new(set_phase);
     let registration = cfg.registry.clone().map(|rcfg| {
@@ -146,57 +219,93 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             pool: Arc::clone(&pool),
             rdma: rdma.as_ref().map(|r| r.kind().to_string()),
         };
-        tokio::spawn(registry::run(rcfg, advertised, phase_rx))
+        background.spawn(registry::run(rcfg, advertised, phase_rx))
     });
-    let stop_workers = || {
-        for w in pool.workers() {
-            w.report(Input::Stop);
-        }
-    };
 
-    let (stop_serving, serving_rx) = watch::channel(false);
+    let shm = ShmState::new(ShmRegistry::default(), pool.workers().len());
+    let on_close: OnClose = {
+        let (shm, pool, rdma, tasks) = (
+            shm.clone(),
+            Arc::clone(&pool),
+            rdma.clone(),
+            background.clone(),
+        );
+        Arc::new(move |owner| {
+            shm.registry().drop_owner(owner);
+            if let Some(rdma) = &rdma {
+                rdma.drop_owner(owner);
+            }
+            // Regions passed through to workers go too.
+            let (pool, shm) = (Arc::clone(&pool), shm.clone());
+            tasks.spawn(async move { shm::forget_on_workers(&pool, &shm, owner, None).await });
+        })
+    };
+    let front = Front::new(
+        Arc::clone(&pool),
+        Arc::clone(&metrics),
+        Arc::clone(&patterns),
+        shm,
+        requests.clone(),
+    )
+    .with_rdma(rdma.clone());
     let oip = {
-        let shm = ShmRegistry::default();
-        let on_close: conn::OnClose = {
-            let (shm, pool, rdma) = (shm.clone(), Arc::clone(&pool), rdma.clone());
-            Arc::new(move |owner| {
-                shm.drop_owner(owner);
-                if let Some(rdma) = &rdma {
-                    rdma.drop_owner(owner);
-                }
-                // Regions passed through to workers go too.
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    let pool = Arc::clone(&pool);
-                    rt.spawn(
-                        async move { crate::shm::forget_on_workers(&pool, owner, None).await },
-                    );
-                }
-            })
+        let service = |limit| {
+            GrpcInferenceServiceServer::new(front.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(cfg.max_message_bytes)
         };
-        let front = GrpcInferenceServiceServer::new(
-            Front::new(
+        let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES));
+        if let Some(r) = &rdma {
+            calls = calls.add_service(RdmaServer::new(RdmaService::new(Arc::clone(r))));
+        }
+        let l = &cfg.limits;
+        Oip {
+            infer: InferPath::new(
                 Arc::clone(&pool),
                 Arc::clone(&metrics),
                 Arc::clone(&patterns),
-                shm,
-            )
-            .with_rdma(rdma.clone()),
-        )
-        .max_decoding_message_size(cfg.max_message_bytes)
-        .max_encoding_message_size(cfg.max_message_bytes);
-        let mut rx = serving_rx.clone();
-        let server = tonic::transport::Server::builder()
-            .initial_stream_window_size(Some(4 << 20))
-            .initial_connection_window_size(Some(16 << 20))
-            .layer(LoadReportLayer::new(Arc::clone(&pool)))
-            .add_service(front)
-            .add_optional_service(rdma.map(|r| RdmaServer::new(RdmaService::new(r))))
-            .serve_with_incoming_shutdown(conn::incoming(oip_listener, on_close), async move {
-                let _ = rx.wait_for(|s| *s).await;
-            });
-        tokio::spawn(server)
+                front.clone(),
+                BodyLimits {
+                    max_message_bytes: cfg.max_message_bytes,
+                    receive_budget_bytes: l.receive_budget_bytes,
+                    read_timeout: l.read_timeout,
+                },
+            ),
+            streams: Routes::new(service(cfg.max_message_bytes)).prepare(),
+            calls: calls.prepare(),
+            pool: Arc::clone(&pool),
+            call_timeout: l.call_timeout,
+        }
     };
-    let admin = {
+    let fd_limit = raise_fd_limit();
+    let l = &cfg.limits;
+    let server_limits = ServerLimits {
+        max_connections: l.connections_within(fd_limit),
+        max_concurrent_streams: l.max_concurrent_streams,
+        stream_window: limits::STREAM_WINDOW,
+        connection_window: limits::CONNECTION_WINDOW,
+        max_header_list_size: limits::MAX_HEADER_LIST_SIZE,
+        handshake_timeout: l.handshake_timeout,
+        idle_timeout: l.idle_timeout,
+        keepalive_interval: l.keepalive_interval,
+        keepalive_timeout: l.keepalive_timeout,
+    };
+    if server_limits.max_connections < l.max_connections {
+        tracing::warn!(
+            fd_limit,
+            max_connections = server_limits.max_connections,
+            "open-file limit lowers the connection limit (raise `ulimit -n` for more)"
+        );
+    }
+    requests.spawn(server::serve(
+        oip_listener,
+        oip,
+        server_limits,
+        on_close,
+        port.clone(),
+        requests.clone(),
+    ));
+    {
         let state = AdminState {
             node_id: cfg.node_id.clone(),
             pool: Arc::clone(&pool),
@@ -204,67 +313,73 @@ pub async fn run(cfg: AgentConfig, shutdown: impl Future<Output = ()>) -> Result
             started,
             gpus: Arc::clone(&gpus),
             token: cfg.admin_token.clone(),
-            health: Arc::clone(&health),
             phase: Arc::clone(&set_phase),
         };
-        let mut rx = serving_rx.clone();
-        let server =
-            axum::serve(admin_listener, admin::router(state)).with_graceful_shutdown(async move {
-                let _ = rx.wait_for(|s| *s).await;
-            });
-        tokio::spawn(async move { server.await })
-    };
+        let stop = stop_background.clone();
+        background.spawn(async move {
+            let served = axum::serve(admin_listener, admin::router(state))
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "admin server failed");
+            }
+        });
+    }
     tracing::info!(node = %cfg.node_id, %listen, %admin_listen, workers = cfg.workers.len(), "agent serving");
 
-    let mut oip = oip;
-    tokio::select! {
-        _ = shutdown => {}
-        result = &mut oip => {
-            // The OIP server ended on its own: that is fatal.
-            stop_workers();
-            gpu_watch.abort();
-            for s in supervisors { let _ = s.await; }
-            return match result {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.into()),
-                Err(join) => panic!("OIP server task panicked: {join}"),
-            };
-        }
-    }
+    shutdown.await;
 
-    let in_flight = pool.load().in_flight;
-    tracing::info!(in_flight, grace = ?cfg.shutdown_grace, "shutting down: draining in-flight requests");
+    // 1–2: advertise draining, keep serving for drain_delay.
+    tracing::info!(drain_delay = ?cfg.drain_delay, in_flight = pool.load().in_flight, "shutting down: advertising draining");
     pool.set_stopping();
-    // Clients see `draining` and stop sending new requests while in-flight ones finish.
     let _ = set_phase.send(Phase::Draining);
-    let _ = stop_serving.send(true);
-    match tokio::time::timeout(cfg.shutdown_grace, &mut oip).await {
-        Ok(_) => tracing::info!("in-flight requests finished"),
-        Err(_) => {
-            tracing::warn!(
-                left = pool.load().in_flight,
-                "shutdown grace ran out; stopping with requests in flight"
-            );
-            oip.abort();
-        }
+    tokio::time::sleep(cfg.drain_delay).await;
+    // 3: stop accepting; finish in-flight requests within shutdown_grace.
+    tracing::info!(grace = ?cfg.shutdown_grace, in_flight = pool.load().in_flight, "no longer accepting connections; finishing in-flight requests");
+    port.graceful.cancel();
+    requests.close();
+    if tokio::time::timeout(cfg.shutdown_grace, requests.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            left = pool.load().in_flight,
+            "shutdown grace ran out; dropping requests still in flight"
+        );
+        port.hard.cancel();
+        pool.close();
+        requests.wait().await;
+    } else {
+        tracing::info!("in-flight requests finished");
     }
+    pool.close();
+    // 4: deregister, stop workers and everything else.
     let _ = set_phase.send(Phase::Gone);
     if let Some(r) = registration {
-        if tokio::time::timeout(std::time::Duration::from_secs(3), r)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(DEREGISTER_WAIT, r).await.is_err() {
             tracing::warn!(
                 "registry did not confirm the deregistration in 3 s; the record goes with the session"
             );
         }
     }
-    stop_workers();
-    for s in supervisors {
-        let _ = s.await;
+    stop_workers.cancel();
+    stop_background.cancel();
+    background.close();
+    let longest_stop = cfg
+        .workers
+        .iter()
+        .map(|w| w.stop_grace)
+        .max()
+        .unwrap_or_default();
+    if tokio::time::timeout(longest_stop + BACKGROUND_WAIT, background.wait())
+        .await
+        .is_err()
+    {
+        tracing::error!(
+            tasks = background.len(),
+            "background tasks did not end in time; exiting anyway"
+        );
     }
-    gpu_watch.abort();
-    let _ = admin.await;
     tracing::info!("agent stopped");
     Ok(())
 }

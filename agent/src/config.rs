@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +17,11 @@ use infermesh_proto::registry::{DEFAULT_SESSION_TIMEOUT, RegistryUrl, valid_name
 use infermesh_sentinel::{FaultPatterns, SentinelConfig};
 use serde::Deserialize;
 
-use crate::rdma::RdmaMode;
 use crate::registry::RegistryConfig;
+
+pub mod limits;
+
+pub use limits::{Limits, RawLimits};
 
 /// The config file as written (all fields optional; defaults filled in by
 /// [`AgentConfig::from_raw`]).
@@ -37,6 +41,13 @@ pub struct RawConfig {
     /// How long SIGTERM waits for in-flight requests before stopping workers.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_grace: Option<Duration>,
+    /// After SIGTERM, how long the agent keeps serving while advertising
+    /// `draining`, so clients move away before it stops accepting.
+    #[serde(default, with = "humantime_serde")]
+    pub drain_delay: Option<Duration>,
+    /// What one client can take of the OIP port.
+    #[serde(default)]
+    pub limits: RawLimits,
     /// Threads of the agent's async runtime. Default: one per CPU core.
     pub threads: Option<usize>,
     /// Per-model queue.
@@ -210,6 +221,32 @@ pub struct RawWorker {
     pub stop_grace: Option<Duration>,
 }
 
+/// `[transport] rdma`: whether the agent offers the RDMA path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RdmaMode {
+    /// No RDMA path.
+    Off,
+    /// A real device if there is one ([`infermesh_rdma::RdmaEngine::probe`]), else off with
+    /// one log line.
+    #[default]
+    Auto,
+    /// The software emulation over loopback TCP: tests and demos only.
+    Emulated,
+}
+
+impl FromStr for RdmaMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(RdmaMode::Off),
+            "auto" => Ok(RdmaMode::Auto),
+            "emulated" => Ok(RdmaMode::Emulated),
+            _ => Err(format!("'{s}' is not one of off, auto, emulated")),
+        }
+    }
+}
+
 /// Checked agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -225,6 +262,10 @@ pub struct AgentConfig {
     pub max_message_bytes: usize,
     /// Wait for in-flight requests on SIGTERM.
     pub shutdown_grace: Duration,
+    /// Keep serving while advertising `draining` after SIGTERM.
+    pub drain_delay: Duration,
+    /// Limits of the OIP port.
+    pub limits: Limits,
     /// Per-model queue capacity.
     pub queue_capacity: usize,
     /// Runtime threads; `None` = one per core.
@@ -256,6 +297,9 @@ pub struct AgentConfig {
     pub health: HealthConfig,
     /// The RDMA path.
     pub rdma: RdmaMode,
+    /// The `infermesh` binary to start workers through (see
+    /// [`crate::launch`]); set by the CLI, not read from the file.
+    pub worker_shim: Option<PathBuf>,
 }
 
 /// The admin bearer token; never printed.
@@ -324,6 +368,10 @@ const DEFAULT_MAX_INFLIGHT: usize = 64;
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Default `drain_delay`: above the time a registry change takes to reach
+/// clients (a ZooKeeper watch fires in milliseconds; a client's record
+/// cache and its in-flight picks settle within a second).
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(2);
 const DEFAULT_FAULT_KILL_GRACE: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -388,6 +436,7 @@ impl AgentConfig {
         if raw.workers.is_empty() {
             problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
         }
+        let limits = Limits::from_raw(&raw.limits, &mut problems);
         let mut sentinel = sentinel_config(&raw.sentinel, &mut problems);
         let base_dir = raw.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
         let health = health_config(&raw.health, &base_dir, &mut problems);
@@ -480,6 +529,8 @@ impl AgentConfig {
                 weight,
                 max_message_bytes,
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
+                drain_delay: raw.drain_delay.unwrap_or(DEFAULT_DRAIN_DELAY),
+                limits,
                 queue_capacity,
                 threads: raw.threads,
                 sentinel,
@@ -499,6 +550,7 @@ impl AgentConfig {
                 admin_token,
                 health,
                 rdma,
+                worker_shim: None,
             }),
             _ => Err(ConfigError(problems)),
         }

@@ -29,6 +29,11 @@ pub fn request_timeout(metadata: &MetadataMap) -> Option<Duration> {
     parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)
 }
 
+/// [`request_timeout`] from the HTTP headers.
+pub fn header_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    parse_grpc_timeout(headers.get("grpc-timeout")?.to_str().ok()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

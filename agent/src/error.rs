@@ -21,6 +21,19 @@ pub enum AgentError {
         /// Queue capacity.
         capacity: usize,
     },
+    /// A message is larger than the agent accepts.
+    #[error("message of {size} bytes is larger than the limit of {limit} bytes")]
+    MessageTooLarge {
+        /// Its size.
+        size: usize,
+        /// `max_message_bytes`.
+        limit: usize,
+    },
+    /// The node is receiving as many request bytes as its budget allows.
+    #[error(
+        "this node is receiving as many request bytes as it may (receive_budget_bytes); retry elsewhere"
+    )]
+    ReceiveBudget,
     /// The caller's deadline passed while the request waited for a slot.
     #[error("deadline exceeded while queued for model '{0}'")]
     DeadlineInQueue(String),
@@ -64,6 +77,23 @@ pub enum AgentError {
     },
 }
 
+/// Longest part of a caller-supplied name echoed in an error, in bytes.
+pub const ECHO_BYTES: usize = 128;
+
+/// A caller-supplied name as it may appear in an error: control characters
+/// escaped, at most [`ECHO_BYTES`] of it, marked when cut.
+pub fn echo(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.chars() {
+        if out.len() >= ECHO_BYTES {
+            out.push('…');
+            break;
+        }
+        out.extend(c.escape_debug());
+    }
+    out
+}
+
 impl From<AgentError> for Status {
     fn from(e: AgentError) -> Self {
         let msg = e.to_string();
@@ -73,7 +103,9 @@ impl From<AgentError> for Status {
             AgentError::NoReadyWorker(_)
             | AgentError::ShuttingDown
             | AgentError::WorkerUnreachable { .. } => Status::unavailable(msg),
-            AgentError::QueueFull { .. } => Status::resource_exhausted(msg),
+            AgentError::QueueFull { .. }
+            | AgentError::MessageTooLarge { .. }
+            | AgentError::ReceiveBudget => Status::resource_exhausted(msg),
             AgentError::DeadlineInQueue(_) => Status::deadline_exceeded(msg),
             AgentError::InvalidRequest(_)
             | AgentError::BadRequest(_)
@@ -89,5 +121,22 @@ impl From<AgentError> for Status {
                 Status::with_metadata(tonic::Code::InvalidArgument, msg, md)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echoed_names_are_capped_and_escaped() {
+        assert_eq!(echo("dense"), "dense");
+        assert_eq!(echo("a\nb"), "a\\nb");
+        let long = "x".repeat(1 << 20);
+        let e = echo(&long);
+        assert!(e.len() <= ECHO_BYTES + 4, "{}", e.len());
+        assert!(e.ends_with('…'));
+        let status: Status = AgentError::UnknownModel(echo(&long)).into();
+        assert!(status.message().len() < 200);
     }
 }

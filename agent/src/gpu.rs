@@ -13,9 +13,9 @@ use infermesh_gpu::{GpuTelemetry, XidClassifier, XidVerdict};
 use infermesh_sentinel::{Event, GpuFaultSeverity};
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::inbox::Control;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
-use crate::worker::Input;
 
 /// Routes GPU events to workers until the telemetry stream ends.
 pub async fn watch(
@@ -59,7 +59,8 @@ pub async fn watch(
         );
         if let Some(severity) = severity {
             for w in on_gpu {
-                w.report(Input::Sentinel(Event::GpuFault { xid, severity }));
+                w.reporter()
+                    .control(Control::Sentinel(Event::GpuFault { xid, severity }));
             }
         }
     }

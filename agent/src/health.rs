@@ -8,69 +8,44 @@
 //! verdicts go to the worker's sentinel as one `Health` event: consecutive
 //! failed rounds degrade the worker, then restart it (`health.failures`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use infermesh_health::{Client, Verdict};
 use infermesh_sentinel::Event;
 
 use crate::config::HealthConfig;
 use crate::metrics::Metrics;
-use crate::worker::Worker;
-
-/// A verdict and when it was reached.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HealthRecord {
-    /// The verdict.
-    pub verdict: Verdict,
-    /// Microseconds since the Unix epoch.
-    pub unix_micros: u64,
-}
-
-impl HealthRecord {
-    /// Stamps `verdict` with the current time.
-    pub fn now(verdict: Verdict) -> Self {
-        let unix_micros = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
-        Self {
-            verdict,
-            unix_micros,
-        }
-    }
-}
+use crate::state::WorkerSnapshot;
 
 /// Whether `worker` has any check to run.
-pub fn has_checks(cfg: &HealthConfig, worker: &Worker) -> bool {
+pub fn has_checks(cfg: &HealthConfig, worker: &WorkerSnapshot) -> bool {
     cfg.checks.iter().any(|c| applies(c.model(), worker))
 }
 
-fn applies(model: &str, worker: &Worker) -> bool {
+fn applies(model: &str, worker: &WorkerSnapshot) -> bool {
     model.is_empty() || worker.hosts(model)
 }
 
-/// Runs every check that applies to `worker` (one after another, each within
-/// `cfg.timeout`), records the verdicts in the worker and the metrics, and
-/// returns them.
+/// Runs every check that applies to worker `id` as `snapshot` describes it
+/// (one after another, each within `cfg.timeout`), records the verdicts in
+/// the metrics, and returns them (the supervisor keeps them in the log).
 pub async fn run_round(
     cfg: &HealthConfig,
-    worker: &Worker,
+    id: &str,
+    snapshot: &WorkerSnapshot,
     metrics: &Metrics,
     client: Client,
 ) -> Vec<Verdict> {
     let mut verdicts = Vec::new();
-    for check in cfg.checks.iter().filter(|c| applies(c.model(), worker)) {
+    for check in cfg.checks.iter().filter(|c| applies(c.model(), snapshot)) {
         let v = infermesh_health::run_check(check.as_ref(), client.clone(), cfg.timeout).await;
         if !v.pass {
             tracing::warn!(
-                worker = %worker.id(), check = %v.check, model = %v.model, reason = %v.reason,
+                worker = %id, check = %v.check, model = %v.model, reason = %v.reason,
                 "health check failed"
             );
         }
-        metrics.health_verdict(worker.id(), &v);
+        metrics.health_verdict(id, &v);
         verdicts.push(v);
     }
-    worker.record_health(verdicts.iter().cloned().map(HealthRecord::now));
     verdicts
 }
 

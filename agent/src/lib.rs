@@ -6,22 +6,30 @@
 //! `infermesh-client`, anything speaking OIP — call the agent as they would
 //! call Triton.
 //!
-//! - [`config`]: TOML / flag configuration, checked.
-//! - [`spawn`], [`supervisor`]: running workers (ports, env, process groups,
-//!   death with the agent, output capture with fault patterns, probes) and
-//!   carrying out what each worker's sentinel decides (restart, backoff,
-//!   quarantine).
-//! - [`health`]: health-check plugins at start, periodically and on demand.
-//! - [`gpu`]: GPU Xid events → the Xid policy → the workers on that GPU.
-//! - [`pool`]: admission, least-in-flight dispatch, the bounded per-model queue.
-//! - [`shm`], [`conn`]: Triton's system shared memory, regions per client
-//!   connection, passed through to workers or copied inline.
-//! - [`rdma`]: the RDMA rung — queue pairs per client connection, inputs
-//!   pulled by RDMA READ and outputs pushed by RDMA WRITE around the worker.
-//! - [`front`]: the OIP service; [`trailer`]: the load report on each response.
-//! - [`registry`]: the node's record in ZooKeeper.
-//! - [`admin`], [`metrics`]: `/metrics`, `/livez`, `/readyz`, admin gRPC.
-//! - [`agent::run`]: start, serve, graceful shutdown.
+//! ## Layers
+//!
+//! Modules form layers; a module only uses those above it in this list
+//! (docs/DECISIONS.md, "Agent core", says why):
+//!
+//! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`error`],
+//!    [`deadline`], [`busy`].
+//! 2. **worker state** — [`state`] (the snapshot each worker's supervisor
+//!    publishes; everyone else only reads it), [`inbox`] (control messages
+//!    that are never dropped, coalesced reports), [`worker_log`] (output,
+//!    events, health verdicts), [`models`] (interned model names),
+//!    [`upstream`] (the HTTP/2 connection to a worker process).
+//! 3. **pool** — [`pool`]: admission, per-worker permits, per-model FIFO
+//!    queues with direct hand-off.
+//! 4. **metrics** — [`metrics`], label handles resolved once per model.
+//! 5. **drivers** — [`supervisor`] (the only writer of a worker's state;
+//!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] (starting
+//!    processes), [`health`] (check rounds), [`gpu`] (Xid events →
+//!    supervisors), [`registry`] (the node's record).
+//! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
+//!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
+//!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
+//!    [`conn`], [`grpc`], [`trailer`] (load report), [`admin`].
+//! 7. [`agent::run`]: wiring, serving, ordered shutdown.
 //!
 //! `unsafe` is denied everywhere except [`pdeathsig`], which registers the
 //! parent-death signal between `fork` and `exec`.
@@ -34,19 +42,28 @@ pub mod config;
 pub mod conn;
 pub mod deadline;
 pub mod error;
+pub mod forward;
 pub mod front;
 pub mod gpu;
+pub mod grpc;
 pub mod health;
+pub mod inbox;
+pub mod launch;
 pub mod metrics;
+pub mod models;
 pub mod pdeathsig;
 pub mod pool;
 pub mod rdma;
 pub mod registry;
+pub mod server;
 pub mod shm;
 pub mod spawn;
+pub mod state;
+pub mod stream;
 pub mod supervisor;
 pub mod trailer;
-pub mod worker;
+pub mod upstream;
+pub mod worker_log;
 
-pub use agent::{RunError, run};
+pub use agent::{RunError, run, run_with};
 pub use config::{AgentConfig, ConfigError, RawConfig, RawWorker};

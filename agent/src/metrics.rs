@@ -1,9 +1,15 @@
 //! Prometheus metrics of the agent, served as OpenMetrics text at `/metrics`
 //! on the admin address. Gauges that mirror live state (in-flight, queue,
 //! weight, worker states) are refreshed from the pool at scrape time.
+//!
+//! Label values are bounded: a model label is only ever a model a worker
+//! serves (the pool's model table), and requests naming anything else are
+//! counted under `model="_unknown"`. The request path uses label handles
+//! resolved once per model ([`ModelMetrics`]), so recording a request builds
+//! no strings.
 
-use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -13,10 +19,74 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::models::{ModelId, Models};
 use crate::pool::Pool;
 use infermesh_sentinel::State;
 
 type Labels = Vec<(&'static str, String)>;
+
+/// The model label of requests for models this node does not serve.
+pub const UNKNOWN_MODEL: &str = "_unknown";
+
+/// gRPC codes by number, for labels (`Ok`, `NotFound`, ... as tonic spells them).
+const CODES: usize = 17;
+
+/// How a request's tensors arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportPath {
+    /// Inline in the request.
+    Grpc,
+    /// The worker reads the client's shared memory.
+    ShmPassthrough,
+    /// The agent copies between shared memory and the request.
+    ShmInline,
+    /// The agent moves them by RDMA.
+    Rdma,
+}
+
+impl TransportPath {
+    const ALL: [TransportPath; 4] = [
+        TransportPath::Grpc,
+        TransportPath::ShmPassthrough,
+        TransportPath::ShmInline,
+        TransportPath::Rdma,
+    ];
+
+    /// Its label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportPath::Grpc => "grpc",
+            TransportPath::ShmPassthrough => "shm_passthrough",
+            TransportPath::ShmInline => "shm_inline",
+            TransportPath::Rdma => "rdma",
+        }
+    }
+}
+
+/// One model's request metrics, resolved once.
+pub struct ModelMetrics {
+    name: Arc<str>,
+    requests: Family<Labels, Counter>,
+    by_code: [OnceLock<Counter>; CODES],
+    latency: Histogram,
+}
+
+impl ModelMetrics {
+    /// Records one answered request.
+    pub fn request(&self, code: tonic::Code, took: Duration) {
+        let i = (code as usize).min(CODES - 1);
+        self.by_code[i]
+            .get_or_init(|| {
+                let labels = vec![
+                    ("model", self.name.to_string()),
+                    ("code", format!("{code:?}")),
+                ];
+                self.requests.get_or_create(&labels).clone()
+            })
+            .inc();
+        self.latency.observe(took.as_secs_f64());
+    }
+}
 
 /// The agent's metric families.
 pub struct Metrics {
@@ -35,7 +105,9 @@ pub struct Metrics {
     health_checks: Family<Labels, Counter>,
     health_pass: Family<Labels, Gauge>,
     health_latency: Family<Labels, Histogram>,
-    transport: Family<Labels, Counter>,
+    transport: [Counter; 4],
+    models: RwLock<Vec<Arc<ModelMetrics>>>,
+    unknown: Arc<ModelMetrics>,
 }
 
 impl Default for Metrics {
@@ -62,12 +134,17 @@ impl Metrics {
         let worker_restarts = Family::<Labels, Counter>::default();
         let worker_faults = Family::<Labels, Counter>::default();
         let gpu_xids = Family::<Labels, Counter>::default();
-        let transport = Family::<Labels, Counter>::default();
+        let transport_family = Family::<Labels, Counter>::default();
         registry.register(
             "transport_requests",
             "Inference requests by how their tensors arrived: grpc (inline), shm_passthrough (worker reads the client's shared memory), shm_inline (the agent copies), rdma",
-            transport.clone(),
+            transport_family.clone(),
         );
+        let transport = TransportPath::ALL.map(|p| {
+            transport_family
+                .get_or_create(&vec![("path", p.as_str().to_string())])
+                .clone()
+        });
         let health_checks = Family::<Labels, Counter>::default();
         let health_pass = Family::<Labels, Gauge>::default();
         let health_latency = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -143,7 +220,10 @@ impl Metrics {
             "Times a worker process ended",
             worker_exits.clone(),
         );
+        let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
         Self {
+            models: RwLock::new(Vec::new()),
+            unknown,
             registry: Mutex::new(registry),
             requests,
             latency,
@@ -164,10 +244,30 @@ impl Metrics {
     }
 
     /// Counts a request by the path its tensors took.
-    pub fn transport(&self, path: &'static str) {
-        self.transport
-            .get_or_create(&vec![("path", path.to_string())])
-            .inc();
+    pub fn transport(&self, path: TransportPath) {
+        self.transport[path as usize].inc();
+    }
+
+    /// The request metrics of `model` (a served model), or of
+    /// [`UNKNOWN_MODEL`] for `None`.
+    pub fn model(&self, model: Option<ModelId>, models: &Models) -> Arc<ModelMetrics> {
+        let Some(id) = model else {
+            return Arc::clone(&self.unknown);
+        };
+        if let Some(m) = self
+            .models
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id.index())
+        {
+            return Arc::clone(m);
+        }
+        let mut all = self.models.write().unwrap_or_else(PoisonError::into_inner);
+        while all.len() <= id.index() {
+            let name = models.name(ModelId(all.len() as u32));
+            all.push(Arc::new(model_metrics(name, &self.requests, &self.latency)));
+        }
+        Arc::clone(&all[id.index()])
     }
 
     /// Records a health-check verdict.
@@ -185,17 +285,6 @@ impl Metrics {
         self.health_latency
             .get_or_create(&vec![("check", v.check.clone())])
             .observe(v.latency.as_secs_f64());
-    }
-
-    /// Records one answered inference request.
-    pub fn request(&self, model: &str, code: tonic::Code, took: Duration) {
-        let code = format!("{code:?}");
-        self.requests
-            .get_or_create(&vec![("model", model.to_string()), ("code", code)])
-            .inc();
-        self.latency
-            .get_or_create(&vec![("model", model.to_string())])
-            .observe(took.as_secs_f64());
     }
 
     /// Records a worker process ending.
@@ -241,6 +330,7 @@ impl Metrics {
         self.busy.set(load.busy_ratio);
         self.weight.set(load.weight);
         for w in pool.workers() {
+            let state = w.snapshot().state;
             for s in State::ALL {
                 let labels = vec![
                     ("worker", w.id().to_string()),
@@ -248,12 +338,68 @@ impl Metrics {
                 ];
                 self.worker_state
                     .get_or_create(&labels)
-                    .set(i64::from(w.state() == s));
+                    .set(i64::from(state == s));
             }
         }
         let mut out = String::new();
-        let registry = self.registry.lock().expect("metrics lock");
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         encode(&mut out, &registry).expect("encoding to a String cannot fail");
         out
+    }
+}
+
+fn model_metrics(
+    name: Arc<str>,
+    requests: &Family<Labels, Counter>,
+    latency: &Family<Labels, Histogram>,
+) -> ModelMetrics {
+    ModelMetrics {
+        latency: latency
+            .get_or_create(&vec![("model", name.to_string())])
+            .clone(),
+        requests: requests.clone(),
+        by_code: Default::default(),
+        name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_models_share_one_label_value() {
+        let metrics = Metrics::new();
+        let models = Models::default();
+        let dense = models.intern("dense").unwrap();
+        metrics
+            .model(Some(dense), &models)
+            .request(tonic::Code::Ok, Duration::from_millis(1));
+        for _ in 0..100 {
+            metrics
+                .model(None, &models)
+                .request(tonic::Code::NotFound, Duration::ZERO);
+        }
+        let (workers, _) = crate::state::Worker::new(
+            crate::config::WorkerSpec {
+                id: "w0".into(),
+                command: "x".into(),
+                argv: vec!["x".into()],
+                env: Default::default(),
+                gpu: None,
+                models: vec![],
+                max_inflight: 1,
+                startup_timeout: Duration::from_secs(1),
+                stop_grace: Duration::from_secs(1),
+            },
+            0,
+        );
+        let text = metrics.render(&Pool::new(vec![workers], 1.0, 1));
+        assert!(
+            text.contains(r#"infermesh_requests_total{model="dense",code="Ok"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"infermesh_requests_total{model="_unknown",code="NotFound"} 100"#));
+        assert_eq!(text.matches("infermesh_requests_total{").count(), 2);
     }
 }

@@ -1,71 +1,131 @@
 //! The pool of local workers and the admission path of every request.
 //!
-//! A request is first *admitted* (counted in the node's in-flight, which
-//! drives the busy ratio and the load report), then *dispatched*: it takes a
-//! slot on the ready worker hosting its model with the fewest requests in
-//! flight. When every such worker is at `max_inflight`, it waits in a bounded
-//! per-model queue until a slot frees or its deadline passes; a full queue is
-//! refused at once with RESOURCE_EXHAUSTED so the client retries elsewhere
-//! instead of waiting. Requests are never queued for a model with no ready
-//! worker: those get UNAVAILABLE at once.
+//! A request is first *admitted* ([`Pool::admit`]: counted in the node's
+//! in-flight, which drives the busy ratio and the load report), then
+//! *dispatched* ([`Pool::acquire`]): it takes one of the `max_inflight`
+//! permits of the ready worker hosting its model with the fewest requests in
+//! flight (ties broken by a rotating start). When every such worker is full
+//! it waits in its model's FIFO queue, bounded by `queue.capacity`; a full
+//! queue is refused at once with RESOURCE_EXHAUSTED so the client retries
+//! elsewhere instead of waiting, and a request whose deadline passes in the
+//! queue gets DEADLINE_EXCEEDED. A model with no ready worker is never
+//! queued for: UNAVAILABLE at once, and queued requests are failed the
+//! moment the last worker for their model stops being routable.
+//!
+//! **Hand-off.** A finished request ([`Lease`] dropped) gives its permit
+//! directly to the oldest waiter that worker can serve (oldest across the
+//! queues of the models it hosts): one wake-up per completion, FIFO order,
+//! and newcomers cannot overtake queued requests — a new request only takes
+//! a free permit when nobody is queued for its model. All of it is one small
+//! critical section under one lock.
+//!
+//! Routability comes from the workers' snapshots: the supervisor publishes,
+//! then calls [`Pool::worker_changed`], which copies what dispatch needs
+//! (routable, models, process) and hands out or revokes accordingly.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use infermesh_proto::inference::ModelMetadataResponse;
 use infermesh_proto::load::LoadReport;
-use tokio::sync::Notify;
+use infermesh_sentinel::State;
+use tokio::sync::oneshot;
 
 use crate::busy::BusyWindow;
 use crate::error::AgentError;
-use infermesh_sentinel::State;
+use crate::models::{ModelId, Models};
+use crate::state::{Process, Worker};
 
-use crate::worker::{Process, Worker};
-
-/// All workers of this agent.
+/// All workers of this agent and the dispatch state over them.
 #[derive(Debug)]
 pub struct Pool {
     workers: Vec<Arc<Worker>>,
+    models: Models,
     weight: f64,
     queue_capacity: usize,
     sched: Mutex<Sched>,
-    slot_freed: Notify,
-    metadata: RwLock<HashMap<String, Arc<ModelMetadataResponse>>>,
     stopping: AtomicBool,
     draining: AtomicBool,
-    cursor: AtomicUsize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Sched {
+    slots: Vec<Slot>,
+    /// One FIFO per model id.
+    queues: Vec<VecDeque<Waiter>>,
+    queued: usize,
     in_flight: u64,
-    queued: HashMap<String, usize>,
     busy: BusyWindow,
+    next_seq: u64,
+    cursor: usize,
+    routable: usize,
+    closed: bool,
+}
+
+/// What dispatch knows of one worker (copied from its snapshot).
+#[derive(Debug, Default)]
+struct Slot {
+    routable: bool,
+    models: Vec<ModelId>,
+    process: Option<Arc<Process>>,
+    in_flight: usize,
+    max: usize,
+    requests: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    seq: u64,
+    /// Only a permit of this worker will do (a stream pinned to it).
+    pin: Option<usize>,
+    tx: oneshot::Sender<Result<Lease, AgentError>>,
 }
 
 enum Pick {
-    Got(Arc<Worker>),
+    Got(usize),
     AllBusy,
     NoneReady,
-    Unknown,
+}
+
+fn lock(m: &Mutex<Sched>) -> MutexGuard<'_, Sched> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Pool {
-    /// A pool over `workers`, advertising `weight` when all are ready.
+    /// A pool over `workers` (each knowing its index), advertising `weight`
+    /// when all are ready.
     pub fn new(workers: Vec<Arc<Worker>>, weight: f64, queue_capacity: usize) -> Arc<Self> {
-        Arc::new(Self {
+        let slots = workers
+            .iter()
+            .map(|w| Slot {
+                max: w.spec.max_inflight,
+                ..Default::default()
+            })
+            .collect();
+        let pool = Arc::new(Self {
             workers,
+            models: Models::default(),
             weight,
             queue_capacity,
-            sched: Mutex::new(Sched::default()),
-            slot_freed: Notify::new(),
-            metadata: RwLock::new(HashMap::new()),
+            sched: Mutex::new(Sched {
+                slots,
+                queues: Vec::new(),
+                queued: 0,
+                in_flight: 0,
+                busy: BusyWindow::default(),
+                next_seq: 0,
+                cursor: 0,
+                routable: 0,
+                closed: false,
+            }),
             stopping: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            cursor: AtomicUsize::new(0),
-        })
+        });
+        for w in &pool.workers {
+            pool.worker_changed(w.index);
+        }
+        pool
     }
 
     /// The workers.
@@ -73,9 +133,14 @@ impl Pool {
         &self.workers
     }
 
+    /// The models the workers serve.
+    pub fn models(&self) -> &Models {
+        &self.models
+    }
+
     /// Counts a request as in flight at this node until the ticket drops.
     pub fn admit(self: &Arc<Self>) -> Ticket {
-        let mut s = self.sched.lock().expect("sched lock");
+        let mut s = lock(&self.sched);
         if s.in_flight == 0 {
             s.busy.start(Instant::now());
         }
@@ -85,95 +150,157 @@ impl Pool {
         }
     }
 
-    /// Wakes queued requests: a slot freed, or a worker changed state.
-    pub(crate) fn wake(&self) {
-        self.slot_freed.notify_waiters();
-    }
-
-    fn pick(&self, model: &str) -> Pick {
-        // Candidates in a rotating order, so that ties (e.g. all idle) spread
-        // over workers; the stable sort then puts the least loaded first. The
-        // least loaded may fill up before we take its slot, so try in order.
-        let n = self.workers.len();
-        let offset = self.cursor.fetch_add(1, Ordering::Relaxed) % n.max(1);
-        let mut ready: Vec<&Arc<Worker>> = self
-            .workers
-            .iter()
-            .cycle()
-            .skip(offset)
-            .take(n)
-            .filter(|w| w.routable() && w.hosts(model))
-            .collect();
-        if ready.is_empty() {
-            return self.none_ready(model);
+    /// Takes a permit on a ready worker hosting `model` (only worker `pin`
+    /// if given), queueing while all are busy, until `deadline`.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        model: ModelId,
+        pin: Option<usize>,
+        deadline: Option<Instant>,
+    ) -> Result<Lease, AgentError> {
+        let (seq, rx) = {
+            let mut s = lock(&self.sched);
+            if s.closed {
+                return Err(AgentError::ShuttingDown);
+            }
+            let pick = s.pick(model, pin);
+            let nobody_waits = s.queues.get(model.index()).is_none_or(VecDeque::is_empty);
+            match pick {
+                Pick::Got(w) if nobody_waits => return Ok(s.lease(self, w, model)),
+                Pick::NoneReady => return Err(self.no_ready_worker(model)),
+                Pick::Got(_) | Pick::AllBusy => {}
+            }
+            if s.queues[model.index()].len() >= self.queue_capacity {
+                return Err(AgentError::QueueFull {
+                    model: self.models.name(model).to_string(),
+                    capacity: self.queue_capacity,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            s.queues[model.index()].push_back(Waiter { seq, pin, tx });
+            s.queued += 1;
+            // A permit may be free on a worker the queue's head cannot use
+            // (pinned elsewhere): hand out what can be handed out.
+            if let Pick::Got(w) = pick {
+                s.hand_off(self, w);
+            }
+            (seq, rx)
+        };
+        let mut spot = QueueSpot {
+            pool: self,
+            model,
+            seq,
+            rx,
+        };
+        let outcome = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), &mut spot.rx).await,
+            None => Ok((&mut spot.rx).await),
+        };
+        match outcome {
+            Ok(Ok(result)) => result,
+            // The pool is gone: the agent is being torn down.
+            Ok(Err(_)) => Err(AgentError::ShuttingDown),
+            Err(_) => Err(AgentError::DeadlineInQueue(
+                self.models.name(model).to_string(),
+            )),
         }
-        ready.sort_by_key(|w| w.in_flight());
-        match ready.into_iter().find(|w| w.try_take_slot()) {
-            Some(w) => Pick::Got(Arc::clone(w)),
-            None => Pick::AllBusy,
-        }
     }
 
-    /// With no ready worker for `model`: does any worker (maybe) host it?
-    fn none_ready(&self, model: &str) -> Pick {
-        let hosted = self.workers.iter().any(|w| w.hosts(model));
-        // A worker still starting may not have told us its models yet.
-        let unknown = self
-            .workers
-            .iter()
-            .any(|w| w.models().is_none() && w.state() != State::Quarantined);
-        if hosted || unknown {
-            Pick::NoneReady
-        } else {
-            Pick::Unknown
-        }
+    fn no_ready_worker(&self, model: ModelId) -> AgentError {
+        AgentError::NoReadyWorker(self.models.name(model).to_string())
     }
 
-    /// Models' metadata as the workers describe them.
-    pub fn metadata(&self, model: &str) -> Option<Arc<ModelMetadataResponse>> {
-        self.metadata
-            .read()
-            .expect("metadata lock")
-            .get(model)
-            .cloned()
-    }
-
-    pub(crate) fn set_metadata(&self, meta: ModelMetadataResponse) {
-        let mut map = self.metadata.write().expect("metadata lock");
-        if let Some(old) = map.get(&meta.name) {
-            if old.inputs != meta.inputs || old.outputs != meta.outputs {
-                tracing::warn!(model = %meta.name, "workers describe this model differently; keeping the newest description");
+    /// Re-reads worker `index`'s snapshot: a worker that became routable
+    /// takes queued requests, one that stopped fails those nobody else can
+    /// take. Its supervisor calls this after each publish.
+    pub fn worker_changed(self: &Arc<Self>, index: usize) {
+        let snapshot = self.workers[index].snapshot();
+        let mut models = Vec::new();
+        for name in snapshot.models.iter().flat_map(|m| m.iter()) {
+            match self.models.intern(name) {
+                Ok(id) => models.push(id),
+                Err(e) => {
+                    tracing::warn!(worker = %self.workers[index].id(), model = %name.escape_debug(), error = %e, "model not served")
+                }
             }
         }
-        map.insert(meta.name.clone(), Arc::new(meta));
-    }
-
-    /// Why `model` cannot be served right now, when it cannot.
-    pub fn unavailable_reason(&self, model: &str) -> AgentError {
-        match self.none_ready(model) {
-            Pick::Unknown => AgentError::UnknownModel(model.to_string()),
-            _ => AgentError::NoReadyWorker(model.to_string()),
+        let routable = snapshot.routable && snapshot.process.is_some();
+        let mut s = lock(&self.sched);
+        if let Some(max) = models.iter().map(|m| m.index() + 1).max() {
+            if s.queues.len() < max {
+                s.queues.resize_with(max, VecDeque::new);
+            }
+        }
+        let slot = &mut s.slots[index];
+        let was = slot.routable;
+        slot.routable = routable;
+        slot.models = models;
+        slot.process = snapshot.process.clone();
+        match (was, routable) {
+            (false, true) => {
+                s.routable += 1;
+                s.hand_off(self, index);
+            }
+            (true, false) => {
+                s.routable -= 1;
+                s.fail_stranded(self, index);
+            }
+            _ => {}
         }
     }
 
-    /// A ready worker hosting `model` (least loaded), for metadata-type calls
-    /// that take no slot.
-    pub fn any_ready_for(&self, model: &str) -> Option<Arc<Worker>> {
-        self.workers
-            .iter()
-            .filter(|w| w.routable() && w.hosts(model))
-            .min_by_key(|w| w.in_flight())
-            .cloned()
+    /// Refuses new requests and fails every queued one (shutdown).
+    pub fn close(&self) {
+        let waiters: Vec<Waiter> = {
+            let mut s = lock(&self.sched);
+            s.closed = true;
+            s.queued = 0;
+            s.queues.iter_mut().flat_map(|q| q.drain(..)).collect()
+        };
+        for w in waiters {
+            let _ = w.tx.send(Err(AgentError::ShuttingDown));
+        }
+    }
+
+    fn release(self: &Arc<Self>, worker: usize) {
+        let mut s = lock(&self.sched);
+        let slot = &mut s.slots[worker];
+        slot.in_flight -= 1;
+        slot.requests += 1;
+        if slot.routable {
+            s.hand_off(self, worker);
+        }
     }
 
     /// Whether a GPU fault quarantined any worker (the node is degraded).
     pub fn degraded(&self) -> bool {
-        self.workers.iter().any(|w| w.state() == State::Quarantined)
+        self.workers
+            .iter()
+            .any(|w| w.snapshot().state == State::Quarantined)
     }
 
     /// Whether any worker is ready.
     pub fn any_ready(&self) -> bool {
-        self.workers.iter().any(|w| w.routable())
+        lock(&self.sched).routable > 0
+    }
+
+    /// A ready worker hosting `model` (least loaded) and its process, for
+    /// calls that take no permit.
+    pub fn any_ready_for(&self, model: &str) -> Option<(Arc<Worker>, Arc<Process>)> {
+        let id = self.models.id(model)?;
+        let s = lock(&self.sched);
+        let (i, slot) = s
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, sl)| sl.routable && sl.models.contains(&id))
+            .min_by_key(|(_, sl)| sl.in_flight)?;
+        Some((
+            Arc::clone(&self.workers[i]),
+            Arc::clone(slot.process.as_ref()?),
+        ))
     }
 
     /// Whether `model` has a ready worker.
@@ -181,39 +308,63 @@ impl Pool {
         self.any_ready_for(model).is_some()
     }
 
+    /// Why `model` cannot be served right now, when it cannot: unknown on
+    /// this node (NOT_FOUND), or hosted but without a ready worker.
+    pub fn unavailable_reason(&self, model: &str) -> AgentError {
+        let hosted = self.models.id(model).is_some();
+        // A worker still starting may not have told us its models yet.
+        let unknown = self.workers.iter().any(|w| {
+            let s = w.snapshot();
+            s.models.is_none() && s.state != State::Quarantined
+        });
+        if hosted || unknown {
+            AgentError::NoReadyWorker(crate::error::echo(model))
+        } else {
+            AgentError::UnknownModel(crate::error::echo(model))
+        }
+    }
+
     /// Every model any worker serves, and whether it has a ready worker.
-    pub fn models(&self) -> Vec<(String, bool)> {
+    pub fn model_readiness(&self) -> Vec<(String, bool)> {
         let mut out: Vec<(String, bool)> = Vec::new();
         for w in &self.workers {
-            for m in w.models().iter().flat_map(|m| m.iter()) {
-                let ready = w.routable();
+            let snap = w.snapshot();
+            for m in snap.models.iter().flat_map(|m| m.iter()) {
                 match out.iter_mut().find(|(n, _)| n == m) {
-                    Some(e) => e.1 |= ready,
-                    None => out.push((m.clone(), ready)),
+                    Some(e) => e.1 |= snap.routable,
+                    None => out.push((m.clone(), snap.routable)),
                 }
             }
         }
         out
     }
 
+    /// Requests in flight on worker `index` and requests it has finished.
+    pub fn worker_load(&self, index: usize) -> (usize, u64) {
+        let s = lock(&self.sched);
+        (s.slots[index].in_flight, s.slots[index].requests)
+    }
+
     /// Configured weight × share of workers routable.
     pub fn weight(&self) -> f64 {
+        self.weight_with(lock(&self.sched).routable)
+    }
+
+    fn weight_with(&self, routable: usize) -> f64 {
         if self.workers.is_empty() {
             return 0.0;
         }
-        let ready = self.workers.iter().filter(|w| w.routable()).count();
-        self.weight * ready as f64 / self.workers.len() as f64
+        self.weight * routable as f64 / self.workers.len() as f64
     }
 
     /// The node's current load.
     pub fn load(&self) -> LoadReport {
-        let mut s = self.sched.lock().expect("sched lock");
-        let queued = s.queued.values().sum::<usize>() as u64;
+        let mut s = lock(&self.sched);
         LoadReport {
             in_flight: s.in_flight,
-            queued,
+            queued: s.queued as u64,
             busy_ratio: s.busy.ratio(Instant::now()),
-            weight: self.weight(),
+            weight: self.weight_with(s.routable),
         }
     }
 
@@ -239,57 +390,121 @@ impl Pool {
     }
 }
 
+impl Sched {
+    /// The least-loaded routable worker hosting `model` with a free permit.
+    fn pick(&mut self, model: ModelId, pin: Option<usize>) -> Pick {
+        let n = self.slots.len();
+        let offset = self.cursor;
+        self.cursor = self.cursor.wrapping_add(1);
+        let mut best: Option<(usize, usize)> = None;
+        let mut hosted = false;
+        for k in 0..n {
+            let i = (offset + k) % n.max(1);
+            let slot = &self.slots[i];
+            if !slot.routable || !slot.models.contains(&model) || pin.is_some_and(|p| p != i) {
+                continue;
+            }
+            hosted = true;
+            if slot.in_flight < slot.max && best.is_none_or(|(_, load)| slot.in_flight < load) {
+                best = Some((i, slot.in_flight));
+            }
+        }
+        match (best, hosted) {
+            (Some((i, _)), _) => Pick::Got(i),
+            (None, true) => Pick::AllBusy,
+            (None, false) => Pick::NoneReady,
+        }
+    }
+
+    fn lease(&mut self, pool: &Arc<Pool>, worker: usize, model: ModelId) -> Lease {
+        let slot = &mut self.slots[worker];
+        slot.in_flight += 1;
+        Lease {
+            pool: Arc::clone(pool),
+            worker,
+            model,
+            process: Arc::clone(
+                slot.process
+                    .as_ref()
+                    .expect("routable slots have a process"),
+            ),
+            armed: true,
+        }
+    }
+
+    /// Gives `worker`'s free permits to the oldest waiters it can serve.
+    fn hand_off(&mut self, pool: &Arc<Pool>, worker: usize) {
+        loop {
+            let slot = &self.slots[worker];
+            if !slot.routable || slot.in_flight >= slot.max {
+                return;
+            }
+            let oldest = slot
+                .models
+                .iter()
+                .filter_map(|m| {
+                    let q = self.queues.get(m.index())?;
+                    let at = q.iter().position(|w| w.pin.is_none_or(|p| p == worker))?;
+                    Some((q[at].seq, *m, at))
+                })
+                .min();
+            let Some((_, model, at)) = oldest else { return };
+            let waiter = self.queues[model.index()]
+                .remove(at)
+                .expect("position is in the queue");
+            self.queued -= 1;
+            let lease = self.lease(pool, worker, model);
+            if let Err(Ok(mut lease)) = waiter.tx.send(Ok(lease)) {
+                // The waiter gave up just now: take the permit back without
+                // re-entering this lock, and try the next one.
+                lease.armed = false;
+                self.slots[worker].in_flight -= 1;
+            }
+        }
+    }
+
+    /// After `worker` stopped being routable: fails queued requests that no
+    /// routable worker can serve any more.
+    fn fail_stranded(&mut self, pool: &Pool, worker: usize) {
+        for m in self.slots[worker].models.clone() {
+            let served = self
+                .slots
+                .iter()
+                .any(|sl| sl.routable && sl.models.contains(&m));
+            let q = &mut self.queues[m.index()];
+            let stranded: Vec<Waiter> = if served {
+                // Only those pinned to this worker.
+                let mut pinned = Vec::new();
+                let mut rest = VecDeque::with_capacity(q.len());
+                for w in q.drain(..) {
+                    if w.pin == Some(worker) {
+                        pinned.push(w);
+                    } else {
+                        rest.push_back(w);
+                    }
+                }
+                *q = rest;
+                pinned
+            } else {
+                q.drain(..).collect()
+            };
+            self.queued -= stranded.len();
+            for w in stranded {
+                let _ = w.tx.send(Err(pool.no_ready_worker(m)));
+            }
+        }
+    }
+}
+
 /// A request counted in the node's in-flight.
 #[derive(Debug)]
 pub struct Ticket {
     pool: Arc<Pool>,
 }
 
-impl Ticket {
-    /// Waits for a slot on a ready worker hosting `model`, queueing (bounded)
-    /// while all are busy, until `deadline`.
-    pub async fn dispatch(
-        &self,
-        model: &str,
-        deadline: Option<Instant>,
-    ) -> Result<Lease, AgentError> {
-        let pool = &self.pool;
-        let mut queued: Option<QueueSpot<'_>> = None;
-        loop {
-            let freed = pool.slot_freed.notified();
-            tokio::pin!(freed);
-            // Register before looking, so a slot freed in between wakes us.
-            freed.as_mut().enable();
-            match pool.pick(model) {
-                Pick::Got(worker) => {
-                    return Ok(Lease {
-                        pool: Arc::clone(pool),
-                        worker,
-                        model: model.to_string(),
-                    });
-                }
-                Pick::Unknown => return Err(AgentError::UnknownModel(model.to_string())),
-                Pick::NoneReady => return Err(AgentError::NoReadyWorker(model.to_string())),
-                Pick::AllBusy => {}
-            }
-            if queued.is_none() {
-                queued = Some(QueueSpot::take(pool, model)?);
-            }
-            match deadline {
-                Some(d) => {
-                    if tokio::time::timeout_at(d.into(), freed).await.is_err() {
-                        return Err(AgentError::DeadlineInQueue(model.to_string()));
-                    }
-                }
-                None => freed.await,
-            }
-        }
-    }
-}
-
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut s = self.pool.sched.lock().expect("sched lock");
+        let mut s = lock(&self.pool.sched);
         s.in_flight -= 1;
         if s.in_flight == 0 {
             s.busy.stop(Instant::now());
@@ -297,168 +512,65 @@ impl Drop for Ticket {
     }
 }
 
-/// A place in a model's queue, given back on drop.
+/// A place in a model's queue; leaving it (deadline, cancellation) takes
+/// the request out of the queue at once.
 struct QueueSpot<'a> {
     pool: &'a Pool,
-    model: String,
-}
-
-impl<'a> QueueSpot<'a> {
-    fn take(pool: &'a Pool, model: &str) -> Result<Self, AgentError> {
-        let mut s = pool.sched.lock().expect("sched lock");
-        let n = s.queued.entry(model.to_string()).or_default();
-        if *n >= pool.queue_capacity {
-            return Err(AgentError::QueueFull {
-                model: model.to_string(),
-                capacity: pool.queue_capacity,
-            });
-        }
-        *n += 1;
-        Ok(Self {
-            pool,
-            model: model.to_string(),
-        })
-    }
+    model: ModelId,
+    seq: u64,
+    rx: oneshot::Receiver<Result<Lease, AgentError>>,
 }
 
 impl Drop for QueueSpot<'_> {
     fn drop(&mut self) {
-        let mut s = self.pool.sched.lock().expect("sched lock");
-        if let Some(n) = s.queued.get_mut(&self.model) {
-            *n -= 1;
+        let mut s = lock(&self.pool.sched);
+        let q = &mut s.queues[self.model.index()];
+        if let Some(at) = q.iter().position(|w| w.seq == self.seq) {
+            q.remove(at);
+            s.queued -= 1;
         }
+        drop(s);
+        // A permit handed over after the deadline fired is given back when
+        // `rx` (and the lease in it) drops, after the lock is released.
+        self.rx.close();
     }
 }
 
-/// A slot on one worker, released (and queued requests woken) on drop.
+/// A permit on one worker, handed to the next waiter (or freed) on drop.
 #[derive(Debug)]
 pub struct Lease {
     pool: Arc<Pool>,
-    worker: Arc<Worker>,
-    model: String,
+    worker: usize,
+    model: ModelId,
+    process: Arc<Process>,
+    /// False for a lease taken back inside the pool's lock.
+    armed: bool,
 }
 
 impl Lease {
-    /// The worker holding the slot.
+    /// The worker holding the permit.
     pub fn worker(&self) -> &Arc<Worker> {
-        &self.worker
+        &self.pool.workers[self.worker]
     }
 
-    /// Its process; [`AgentError::NoReadyWorker`] if it has just gone.
-    pub fn process(&self) -> Result<Process, AgentError> {
-        self.worker
-            .process()
-            .ok_or_else(|| AgentError::NoReadyWorker(self.model.clone()))
+    /// The model the permit was taken for.
+    pub fn model(&self) -> ModelId {
+        self.model
+    }
+
+    /// The worker's process when the permit was taken.
+    pub fn process(&self) -> &Arc<Process> {
+        &self.process
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.worker.release_slot();
-        self.pool.wake();
+        if self.armed {
+            self.pool.release(self.worker);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::WorkerSpec;
-    use std::time::Duration;
-
-    fn worker(id: &str, models: &[&str], max_inflight: usize) -> Arc<Worker> {
-        let (w, _inputs) = Worker::new(WorkerSpec {
-            id: id.into(),
-            command: "x".into(),
-            argv: vec!["x".into()],
-            env: Default::default(),
-            gpu: None,
-            models: models.iter().map(|m| m.to_string()).collect(),
-            max_inflight,
-            startup_timeout: Duration::from_secs(1),
-            stop_grace: Duration::from_secs(1),
-        });
-        w
-    }
-
-    #[tokio::test]
-    async fn picks_least_loaded_ready_worker() {
-        let (a, b) = (worker("a", &["m"], 4), worker("b", &["m"], 4));
-        a.set_routable(true);
-        b.set_routable(true);
-        let pool = Pool::new(vec![a.clone(), b.clone()], 1.0, 4);
-        let t = pool.admit();
-        let l1 = t.dispatch("m", None).await.unwrap();
-        let l2 = t.dispatch("m", None).await.unwrap();
-        assert_ne!(l1.worker().id(), l2.worker().id());
-        assert_eq!((a.in_flight(), b.in_flight()), (1, 1));
-        drop((l1, l2));
-        assert_eq!((a.in_flight(), b.in_flight()), (0, 0));
-    }
-
-    #[tokio::test]
-    async fn never_routes_to_starting_or_exited_workers() {
-        let (a, b) = (worker("a", &["m"], 4), worker("b", &["m"], 4));
-        a.set_state(State::Failed);
-        let pool = Pool::new(vec![a, b], 1.0, 4);
-        let t = pool.admit();
-        assert!(matches!(
-            t.dispatch("m", None).await,
-            Err(AgentError::NoReadyWorker(_))
-        ));
-        assert!(matches!(
-            t.dispatch("other", None).await,
-            Err(AgentError::UnknownModel(_))
-        ));
-    }
-
-    #[tokio::test]
-    async fn full_queue_is_refused_and_queued_request_gets_the_freed_slot() {
-        let a = worker("a", &["m"], 1);
-        a.set_routable(true);
-        let pool = Pool::new(vec![a], 1.0, 1);
-        let t = pool.admit();
-        let busy = t.dispatch("m", None).await.unwrap();
-        let waiter = {
-            let pool = Arc::clone(&pool);
-            tokio::spawn(async move {
-                pool.admit()
-                    .dispatch("m", None)
-                    .await
-                    .map(|l| l.worker().id().to_string())
-            })
-        };
-        // Wait for the waiter to sit in the queue (an event we can observe).
-        while pool.load().queued == 0 {
-            tokio::task::yield_now().await;
-        }
-        assert!(matches!(
-            t.dispatch("m", None).await,
-            Err(AgentError::QueueFull { .. })
-        ));
-        drop(busy);
-        assert_eq!(waiter.await.unwrap().unwrap(), "a");
-        assert_eq!(pool.load().queued, 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn deadline_ends_the_wait_in_queue() {
-        let a = worker("a", &["m"], 1);
-        a.set_routable(true);
-        let pool = Pool::new(vec![a], 1.0, 8);
-        let t = pool.admit();
-        let _busy = t.dispatch("m", None).await.unwrap();
-        let deadline = Instant::now() + Duration::from_millis(50);
-        assert!(matches!(
-            t.dispatch("m", Some(deadline)).await,
-            Err(AgentError::DeadlineInQueue(_))
-        ));
-    }
-
-    #[test]
-    fn weight_scales_with_ready_share() {
-        let (a, b) = (worker("a", &["m"], 1), worker("b", &["m"], 1));
-        a.set_routable(true);
-        let pool = Pool::new(vec![a, b], 2.0, 1);
-        assert_eq!(pool.weight(), 1.0);
-    }
-}
+mod tests;

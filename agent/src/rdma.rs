@@ -24,7 +24,6 @@ mod params;
 mod service;
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Mutex;
 
 use infermesh_proto::inference::infer_parameter::ParameterChoice;
@@ -32,6 +31,7 @@ use infermesh_proto::inference::{InferParameter, ModelInferRequest, ModelInferRe
 use infermesh_proto::rdma::{BYTES_PARAM, INPUT_PARAM, OUTPUT_PARAM, QPN_PARAM};
 use infermesh_rdma::{Connection, EndpointInfo, RdmaEngine, RdmaError, RemoteBuffer};
 
+use crate::config::RdmaMode;
 use crate::error::AgentError;
 
 pub use params::{Plan, plan, uses_rdma};
@@ -40,32 +40,6 @@ pub use service::RdmaService;
 /// Queue pairs one client connection may hold; connecting again beyond
 /// this closes its oldest.
 const MAX_QPS_PER_CONNECTION: usize = 4;
-
-/// `[transport] rdma`: whether the agent offers the RDMA path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum RdmaMode {
-    /// No RDMA path.
-    Off,
-    /// A real device if there is one ([`RdmaEngine::probe`]), else off with
-    /// one log line.
-    #[default]
-    Auto,
-    /// The software emulation over loopback TCP: tests and demos only.
-    Emulated,
-}
-
-impl FromStr for RdmaMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(RdmaMode::Off),
-            "auto" => Ok(RdmaMode::Auto),
-            "emulated" => Ok(RdmaMode::Emulated),
-            _ => Err(format!("'{s}' is not one of off, auto, emulated")),
-        }
-    }
-}
 
 /// Opens the engine `mode` asks for: `None` when off or when no device is
 /// found (`auto`, which logs why).

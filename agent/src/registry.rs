@@ -113,7 +113,7 @@ impl Advertised {
             },
             models: self
                 .pool
-                .models()
+                .model_readiness()
                 .into_iter()
                 .map(|(name, ready)| ModelEntry { name, ready })
                 .collect(),

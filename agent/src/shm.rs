@@ -44,7 +44,9 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::pool::Pool;
-use crate::worker::{Process, Worker};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::state::{Process, Worker};
 
 /// What the agent knows about one worker process's shared-memory support.
 #[derive(Debug, Default)]
@@ -66,6 +68,37 @@ impl WorkerShm {
             };
         }
         self
+    }
+}
+
+/// The front's shared-memory state: the clients' regions, and what each
+/// worker process has registered (owned by the front, one entry per worker).
+#[derive(Clone)]
+pub struct ShmState {
+    registry: ShmRegistry,
+    workers: Arc<Vec<Mutex<WorkerShm>>>,
+}
+
+impl ShmState {
+    /// Regions in `registry`, for a pool of `workers`.
+    pub fn new(registry: ShmRegistry, workers: usize) -> Self {
+        Self {
+            registry,
+            workers: Arc::new((0..workers).map(|_| Mutex::default()).collect()),
+        }
+    }
+
+    /// The clients' regions.
+    pub fn registry(&self) -> &ShmRegistry {
+        &self.registry
+    }
+
+    /// Runs `f` on what is known of `worker`'s process `pid`.
+    fn worker<R>(&self, worker: &Worker, pid: u32, f: impl FnOnce(&mut WorkerShm) -> R) -> R {
+        let mut w = self.workers[worker.index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        f(w.for_pid(pid))
     }
 }
 
@@ -93,25 +126,25 @@ fn private_name(owner: u64, name: &str) -> String {
 /// the worker supports shared memory, otherwise inline. On error nothing was
 /// forwarded.
 pub async fn prepare(
-    registry: &ShmRegistry,
+    state: &ShmState,
     owner: u64,
     worker: &Worker,
     process: &Process,
     req: &mut ModelInferRequest,
 ) -> Result<Prepared, Status> {
-    let capable = worker.shm(|s| s.for_pid(process.pid).capable);
+    let capable = state.worker(worker, process.pid, |s| s.capable);
     if capable != Some(false) {
-        match pass_through(registry, owner, worker, process, req).await {
+        match pass_through(state, owner, worker, process, req).await {
             Ok(()) => return Ok(Prepared::PassThrough),
             Err(Fallback::Unsupported) => {
                 tracing::info!(worker = %worker.id(), "worker does not support shared memory; the agent copies tensors inline");
-                worker.shm(|s| s.for_pid(process.pid).capable = Some(false));
+                state.worker(worker, process.pid, |s| s.capable = Some(false));
             }
             Err(Fallback::Error(s)) => return Err(s),
         }
     }
     let outputs = req.outputs.clone();
-    registry.take_inputs(owner, req)?;
+    state.registry.take_inputs(owner, req)?;
     for o in &mut req.outputs {
         ShmRef::clear_params(&mut o.parameters);
     }
@@ -124,7 +157,7 @@ enum Fallback {
 }
 
 async fn pass_through(
-    registry: &ShmRegistry,
+    state: &ShmState,
     owner: u64,
     worker: &Worker,
     process: &Process,
@@ -143,10 +176,11 @@ async fn pass_through(
     }
     for name in &names {
         let private = private_name(owner, name);
-        if worker.shm(|s| s.for_pid(process.pid).names.contains(&private)) {
+        if state.worker(worker, process.pid, |s| s.names.contains(&private)) {
             continue;
         }
-        let status = registry
+        let status = state
+            .registry
             .status(owner, Some(name))
             .map_err(|_| {
                 Fallback::Error(Status::invalid_argument(format!(
@@ -183,8 +217,7 @@ async fn pass_through(
                 )));
             }
         }
-        worker.shm(|s| {
-            let s = s.for_pid(process.pid);
+        state.worker(worker, process.pid, |s| {
             s.capable = Some(true);
             s.names.insert(private);
         });
@@ -210,7 +243,7 @@ async fn pass_through(
 /// Completes a response: inline requests get their shared-memory outputs
 /// written into the client's windows.
 pub fn finish(
-    registry: &ShmRegistry,
+    state: &ShmState,
     owner: u64,
     prepared: Prepared,
     resp: &mut ModelInferResponse,
@@ -220,7 +253,7 @@ pub fn finish(
             outputs,
             ..Default::default()
         };
-        registry.place_outputs(owner, &asked, resp)?;
+        state.registry.place_outputs(owner, &asked, resp)?;
     }
     Ok(())
 }
@@ -228,12 +261,13 @@ pub fn finish(
 /// Unregisters from every worker what connection `owner` registered there
 /// (one `name`, or all of them). Best effort: a worker that does not answer
 /// loses the registration when it restarts anyway.
-pub async fn forget_on_workers(pool: &Pool, owner: u64, name: Option<&str>) {
+pub async fn forget_on_workers(pool: &Pool, state: &ShmState, owner: u64, name: Option<&str>) {
     let prefix = private_name(owner, "");
     for w in pool.workers() {
-        let Some(process) = w.process() else { continue };
-        let names: Vec<String> = w.shm(|s| {
-            let s = s.for_pid(process.pid);
+        let Some(process) = w.snapshot().process.clone() else {
+            continue;
+        };
+        let names: Vec<String> = state.worker(w, process.pid, |s| {
             let gone: Vec<String> = s
                 .names
                 .iter()

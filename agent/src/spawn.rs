@@ -19,14 +19,17 @@ use std::io;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 
+use std::future::Future;
+use std::pin::Pin;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
-use infermesh_sentinel::{Event, FaultPatterns};
-
-use crate::worker::{Input, Worker};
+use crate::config::WorkerSpec;
+use crate::launch::{Exit, Launched, OutputSink};
 
 /// Placeholder in a worker's command line for its port.
 pub const PORT_PLACEHOLDER: &str = "{port}";
@@ -41,10 +44,47 @@ pub struct Spawned {
     pub address: SocketAddr,
 }
 
-/// Spawns `worker`'s process; output lines matching `patterns` are
-/// reported to the worker's sentinel as faults.
-pub fn spawn(worker: &Arc<Worker>, patterns: &Arc<FaultPatterns>) -> io::Result<Spawned> {
-    let spec = &worker.spec;
+impl Launched for Spawned {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    fn signal(&mut self, signal: Signal) {
+        if let Err(e) = killpg(Pid::from_raw(self.pid as i32), signal) {
+            tracing::debug!(pid = self.pid, ?signal, error = %e, "signal to worker group failed (already gone?)");
+        }
+    }
+
+    fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    fn wait(&mut self) -> Pin<Box<dyn Future<Output = Exit> + Send + '_>> {
+        Box::pin(async move {
+            use std::os::unix::process::ExitStatusExt;
+            match self.child.wait().await {
+                Ok(s) => Exit {
+                    code: s.code(),
+                    signal: s.signal(),
+                },
+                Err(e) => {
+                    tracing::warn!(pid = self.pid, error = %e, "cannot wait for worker");
+                    Exit {
+                        code: None,
+                        signal: None,
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Spawns a process of `spec`; its output goes to `output`.
+pub fn spawn(spec: &WorkerSpec, output: OutputSink) -> io::Result<Spawned> {
     let port = free_port()?;
     let argv: Vec<String> = spec
         .argv
@@ -77,10 +117,10 @@ pub fn spawn(worker: &Arc<Worker>, patterns: &Arc<FaultPatterns>) -> io::Result<
     let mut child = cmd.spawn()?;
     let pid = child.id().unwrap_or_default();
     if let Some(out) = child.stdout.take() {
-        forward_lines(Arc::clone(worker), Arc::clone(patterns), pid, "stdout", out);
+        forward_lines(output.clone(), pid, "stdout", out);
     }
     if let Some(err) = child.stderr.take() {
-        forward_lines(Arc::clone(worker), Arc::clone(patterns), pid, "stderr", err);
+        forward_lines(output, pid, "stderr", err);
     }
     Ok(Spawned {
         child,
@@ -120,8 +160,7 @@ fn is_executable(p: &Path) -> bool {
 }
 
 fn forward_lines(
-    worker: Arc<Worker>,
-    patterns: Arc<FaultPatterns>,
+    output: OutputSink,
     pid: u32,
     stream: &'static str,
     reader: impl AsyncRead + Unpin + Send + 'static,
@@ -130,23 +169,11 @@ fn forward_lines(
         let mut lines = BufReader::new(reader).lines();
         loop {
             match lines.next_line().await {
-                Ok(Some(line)) => {
-                    if let Some(pattern) = patterns.find(&line) {
-                        tracing::error!(target: "infermesh::worker", worker = %worker.id(), stream, pattern, "{line}");
-                        let event = Event::FaultLine {
-                            pattern: pattern.to_string(),
-                            line: line.clone(),
-                        };
-                        worker.report(Input::Process { pid, event });
-                    } else {
-                        tracing::info!(target: "infermesh::worker", worker = %worker.id(), stream, "{line}");
-                    }
-                    worker.push_output(line);
-                }
+                Ok(Some(line)) => output.line(pid, stream, &line),
                 Ok(None) => break,
                 // Not UTF-8 or a read error: note it and keep the worker running.
                 Err(e) => {
-                    tracing::debug!(worker = %worker.id(), stream, error = %e, "unreadable worker output");
+                    tracing::debug!(worker = %output.worker, stream, error = %e, "unreadable worker output");
                     break;
                 }
             }

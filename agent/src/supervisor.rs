@@ -4,11 +4,20 @@
 //! (stop/resume routing, SIGTERM → SIGKILL, spawn). All policy is in the
 //! sentinel; this file only does I/O.
 //!
+//! It is the **only writer** of the worker's state: it keeps a
+//! [`WorkerSnapshot`], publishes it after every change and then tells the
+//! pool ([`Pool::worker_changed`]), so routing changes take effect before
+//! the supervisor awaits anything else. Its inputs arrive through the
+//! worker's inbox ([`crate::inbox`]): control messages first (they are never
+//! dropped), coalesced reports after. It ends when `cancel` fires, after
+//! stopping the worker (SIGTERM, SIGKILL after `stop_grace`).
+//!
 //! Probing: while the worker starts, `ServerLive`, its models (learned with
 //! `RepositoryIndex` when not configured), `ModelReady` and `ModelMetadata`
-//! are polled every 25 ms until ready. Once ready, a liveness probe
-//! (`ServerLive` + `ModelReady`) runs every `probe_interval`; one not
-//! answered within `probe_timeout` is reported as a timeout (a hang).
+//! are polled every 25 ms until ready, then its health checks gate it. Once
+//! ready, a liveness probe (`ServerLive` + `ModelReady`) runs every
+//! `probe_interval`; one not answered within `probe_timeout` is reported as
+//! a timeout (a hang).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,30 +25,38 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use infermesh_health::Verdict;
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::{
     ModelMetadataRequest, ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest,
 };
 use infermesh_sentinel::{Action, Event, FaultPatterns, Notice, Sentinel, SentinelConfig, State};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
-use tokio::process::Child;
-use tokio::sync::mpsc;
+use nix::sys::signal::Signal;
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
 
 use crate::config::HealthConfig;
 use crate::health;
+use crate::inbox::{Control, Input, MAX_ERRORS_PER_WAKE, ProcessReports};
+use crate::launch::{Exit, Launched, Launcher, OutputSink};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
-use crate::spawn::{self, describe};
-use crate::worker::{Input, Process, Worker};
+use crate::spawn::describe;
+use crate::state::{Process, Worker, WorkerDriver, WorkerSnapshot};
+use crate::upstream::Upstream;
+use crate::worker_log::HealthRecord;
 
 /// Interval between readiness probes while a worker starts.
 const READY_POLL: Duration = Duration::from_millis(25);
 /// Timeout of one startup readiness call.
 const STARTUP_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Retry interval of the startup gate while a health check fails (checks
+/// are heavier than the 25 ms readiness poll).
+const HEALTH_GATE_RETRY: Duration = Duration::from_secs(1);
 
-/// What a driver needs besides its worker.
+/// What a supervisor needs besides its worker.
 #[derive(Clone)]
 pub struct Context {
     /// The pool the worker belongs to.
@@ -58,6 +75,10 @@ pub struct Context {
     pub probe_timeout: Duration,
     /// Health checks and their schedule.
     pub health: Arc<HealthConfig>,
+    /// Starts worker processes.
+    pub launcher: Arc<dyn Launcher>,
+    /// Where connection tasks to workers are tracked.
+    pub tasks: TaskTracker,
 }
 
 enum ProbeKind {
@@ -71,40 +92,43 @@ struct ProbeResult {
     ok: bool,
     /// Startup only: live and ready, but a health check failed.
     unhealthy: bool,
+    /// Startup only: the models the worker listed, when it was asked.
+    models: Option<Vec<String>>,
+    /// Startup only: the verdicts of the gate's health checks.
+    verdicts: Vec<Verdict>,
 }
 
 type ProbeFuture = Pin<Box<dyn Future<Output = ProbeResult> + Send>>;
 
-/// The verdicts of one periodic health round, for the process of `generation`.
+/// The verdicts of one health round, for the process of `generation`.
 struct HealthRound {
     generation: u64,
-    verdicts: Vec<infermesh_health::Verdict>,
+    verdicts: Vec<Verdict>,
 }
 
 type HealthFuture = Pin<Box<dyn Future<Output = HealthRound> + Send>>;
 
-/// Retry interval of the startup gate while a health check fails (checks
-/// are heavier than the 25 ms readiness poll).
-const HEALTH_GATE_RETRY: Duration = Duration::from_secs(1);
-
-/// Runs `worker` until the agent sends [`Input::Stop`].
+/// Runs `worker` until `cancel` fires, then stops it and returns.
 pub async fn supervise(
     worker: Arc<Worker>,
+    driver: WorkerDriver,
     ctx: Context,
-    inputs: mpsc::Receiver<Input>,
     seed: u64,
+    cancel: CancellationToken,
 ) {
     let config = SentinelConfig {
         startup_timeout: worker.spec.startup_timeout,
         ..ctx.sentinel.clone()
     };
-    let mut driver = Driver {
+    let snap = WorkerSnapshot::clone(&worker.snapshot());
+    let mut s = Supervisor {
         sentinel: Sentinel::new(config, seed),
         worker,
+        driver,
         ctx,
-        inputs,
+        snap,
+        dirty: false,
         child: None,
-        pid: None,
         generation: 0,
         spawned_at: None,
         kill_at: None,
@@ -112,20 +136,24 @@ pub async fn supervise(
         probe: None,
         next_health: None,
         health: None,
+        health_waiting: Vec::new(),
         rng: seed ^ 0x9e37_79b9_7f4a_7c15,
     };
-    let actions = driver.sentinel.start(Instant::now());
-    driver.execute_all(actions);
-    driver.run().await;
+    let actions = s.sentinel.start(Instant::now());
+    s.execute_all(actions);
+    s.publish();
+    s.run(cancel).await;
 }
 
-struct Driver {
+struct Supervisor {
     worker: Arc<Worker>,
+    driver: WorkerDriver,
     ctx: Context,
     sentinel: Sentinel,
-    inputs: mpsc::Receiver<Input>,
-    child: Option<Child>,
-    pid: Option<u32>,
+    /// What is published; `dirty` once it changed since the last publish.
+    snap: WorkerSnapshot,
+    dirty: bool,
+    child: Option<Box<dyn Launched>>,
     /// Incremented per spawn, so a probe of an earlier process is ignored.
     generation: u64,
     spawned_at: Option<Instant>,
@@ -135,12 +163,14 @@ struct Driver {
     probe: Option<ProbeFuture>,
     next_health: Option<Instant>,
     health: Option<HealthFuture>,
+    /// Callers of `RunHealthChecks` waiting for the running round.
+    health_waiting: Vec<oneshot::Sender<Vec<Verdict>>>,
     /// splitmix64 state for the health-check jitter.
     rng: u64,
 }
 
-impl Driver {
-    async fn run(&mut self) {
+impl Supervisor {
+    async fn run(&mut self, cancel: CancellationToken) {
         loop {
             let wake = [
                 self.sentinel.poll_timeout(),
@@ -152,43 +182,89 @@ impl Driver {
             .flatten()
             .min();
             tokio::select! {
-                input = self.inputs.recv() => match input {
-                    Some(Input::Sentinel(event)) => self.feed(event),
-                    Some(Input::Process { pid, event }) => {
-                        if self.pid == Some(pid) {
-                            self.feed(event);
-                        } else {
-                            tracing::debug!(worker = %self.worker.id(), pid, ?event, "report about a former process ignored");
-                        }
-                    }
-                    Some(Input::Stop) | None => {
-                        self.stop().await;
-                        return;
-                    }
-                },
-                status = wait(&mut self.child) => {
-                    self.child = None;
-                    self.pid = None;
-                    self.worker.set_process(None);
-                    use std::os::unix::process::ExitStatusExt;
-                    let (code, signal) = status.map(|s| (s.code(), s.signal())).unwrap_or((None, None));
-                    let how = describe(code, signal);
-                    tracing::warn!(worker = %self.worker.id(), exit = %how, "worker exited");
-                    self.worker.record_exit(how.clone());
-                    self.worker.push_event("exited", how);
-                    self.ctx.metrics.worker_exited(self.worker.id());
-                    self.kill_at = None;
-                    self.feed(Event::Exited { code, signal });
+                biased;
+                _ = cancel.cancelled() => {
+                    self.stop().await;
+                    return;
                 }
-                result = poll_probe(&mut self.probe) => {
+                input = self.driver.inbox.recv() => match input {
+                    Input::Control(c) => self.control(c),
+                    Input::Reports(r) => self.reports(r),
+                    Input::Closed => {}
+                },
+                exit = wait(&mut self.child) => self.exited(exit),
+                result = poll(&mut self.probe) => {
                     self.probe = None;
                     self.on_probe(result);
                 }
-                round = poll_health(&mut self.health) => {
+                round = poll(&mut self.health) => {
                     self.health = None;
                     self.on_health(round);
                 }
                 _ = sleep_until(wake) => self.on_timer(),
+            }
+            self.publish();
+        }
+    }
+
+    /// Publishes the snapshot if it changed, then lets the pool act on it.
+    fn publish(&mut self) {
+        if std::mem::take(&mut self.dirty) {
+            self.driver
+                .publisher
+                .send_replace(Arc::new(self.snap.clone()));
+            self.ctx.pool.worker_changed(self.worker.index);
+        }
+    }
+
+    fn update(&mut self, f: impl FnOnce(&mut WorkerSnapshot)) {
+        f(&mut self.snap);
+        self.dirty = true;
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.pid())
+    }
+
+    fn control(&mut self, c: Control) {
+        match c {
+            Control::Sentinel(event) => self.feed(event),
+            Control::Process { pid, event } => {
+                if self.pid() == Some(pid) {
+                    self.feed(event);
+                } else {
+                    tracing::debug!(worker = %self.worker.id(), pid, ?event, "report about a former process ignored");
+                }
+            }
+            Control::RunHealthChecks(reply) => {
+                let serving = matches!(
+                    self.sentinel.state(),
+                    State::Ready | State::Degraded | State::Draining
+                );
+                if !serving {
+                    let _ = reply.send(Vec::new());
+                    return;
+                }
+                self.health_waiting.push(reply);
+                if self.health.is_none() {
+                    self.next_health = None;
+                    self.start_health();
+                }
+            }
+        }
+    }
+
+    fn reports(&mut self, reports: Vec<ProcessReports>) {
+        for r in reports {
+            if self.pid() != Some(r.pid) {
+                tracing::debug!(worker = %self.worker.id(), pid = r.pid, "reports about a former process ignored");
+                continue;
+            }
+            if let Some((pattern, line)) = r.fault {
+                self.feed(Event::FaultLine { pattern, line });
+            }
+            for _ in 0..r.errors.min(MAX_ERRORS_PER_WAKE) {
+                self.feed(Event::RequestError);
             }
         }
     }
@@ -210,45 +286,48 @@ impl Driver {
     /// Carries out one action; returns the event it produced, if any.
     fn execute(&mut self, action: Action) -> Option<Event> {
         let id = self.worker.id().to_string();
+        let log = Arc::clone(&self.driver.log);
         match action {
             Action::StopRouting => {
-                self.worker.set_routable(false);
-                self.ctx.pool.wake();
-                self.worker.push_event("stop_routing", String::new());
+                self.update(|s| s.routable = false);
+                // Now, not at the end of this round of actions.
+                self.publish();
+                log.push_event("stop_routing", String::new());
                 tracing::warn!(worker = %id, "stopped routing to worker");
             }
             Action::ResumeRouting => {
-                self.worker.set_routable(true);
-                self.ctx.pool.wake();
-                self.worker.push_event("resume_routing", String::new());
+                self.update(|s| s.routable = true);
+                log.push_event("resume_routing", String::new());
                 tracing::info!(worker = %id, "routing to worker");
             }
             Action::Kill { grace } => {
-                if let Some(pid) = self.pid {
-                    signal_group(pid, Signal::SIGTERM);
+                if let Some(child) = self.child.as_mut() {
+                    child.signal(Signal::SIGTERM);
                     self.kill_at = Some(Instant::now() + grace);
-                    tracing::warn!(worker = %id, pid, ?grace, "stopping worker (SIGTERM, SIGKILL after grace)");
+                    tracing::warn!(worker = %id, pid = child.pid(), ?grace, "stopping worker (SIGTERM, SIGKILL after grace)");
                 }
             }
             Action::Spawn => return Some(self.spawn()),
             Action::SetState(state) => {
-                self.worker.set_state(state);
-                self.worker.push_event("state", state.as_str().to_string());
-                tracing::info!(worker = %id, state = state.as_str(), "worker state");
-                match state {
+                let startup_ms = match state {
                     State::Ready | State::Degraded | State::Draining => {
-                        if let Some(at) = self.spawned_at {
-                            self.worker.set_startup_ms(at.elapsed().as_millis() as u64);
-                        }
                         if self.next_probe.is_none() && self.probe.is_none() {
                             self.next_probe = Some(Instant::now() + self.ctx.probe_interval);
                         }
                         if self.next_health.is_none() && self.health.is_none() {
                             self.schedule_health();
                         }
+                        self.spawned_at
+                            .map_or(0, |at| at.elapsed().as_millis() as u64)
                     }
-                    _ => self.worker.set_startup_ms(0),
-                }
+                    _ => 0,
+                };
+                self.update(|s| {
+                    s.state = state;
+                    s.startup_ms = startup_ms;
+                });
+                log.push_event("state", state.as_str().to_string());
+                tracing::info!(worker = %id, state = state.as_str(), "worker state");
             }
             Action::Emit(notice) => self.notice(notice),
         }
@@ -257,61 +336,67 @@ impl Driver {
 
     fn notice(&mut self, notice: Notice) {
         let id = self.worker.id().to_string();
+        let log = Arc::clone(&self.driver.log);
         match notice {
             Notice::Fault { reason, detail } => {
                 tracing::error!(worker = %id, reason = reason.as_label(), %detail, "worker fault detected");
                 self.ctx.metrics.worker_fault(&id, reason.as_label());
-                self.worker
-                    .set_last_fault(format!("{}: {detail}", reason.as_label()));
-                self.worker
-                    .push_event("fault", format!("{}: {detail}", reason.as_label()));
+                let fault = format!("{}: {detail}", reason.as_label());
+                log.push_event("fault", fault.clone());
+                self.update(|s| s.last_fault = Some(fault));
             }
             Notice::Restart { reason, delay } => {
                 tracing::warn!(worker = %id, reason = reason.as_label(), ?delay, "restarting worker");
                 self.ctx.metrics.worker_restarted(&id, reason.as_label());
-                self.worker.count_restart();
-                self.worker
-                    .push_event("restart", format!("{} after {delay:?}", reason.as_label()));
+                self.update(|s| s.restarts += 1);
+                log.push_event("restart", format!("{} after {delay:?}", reason.as_label()));
             }
             Notice::Quarantine { xid, detail } => {
                 tracing::error!(
                     worker = %id, xid, gpu = ?self.worker.spec.gpu, %detail,
                     "GPU quarantined: not restarting the worker; the GPU needs a reset"
                 );
-                self.worker.set_last_fault(format!("xid {xid}: {detail}"));
-                self.worker
-                    .push_event("quarantine", format!("xid {xid}: {detail}"));
+                let fault = format!("xid {xid}: {detail}");
+                log.push_event("quarantine", fault.clone());
+                self.update(|s| s.last_fault = Some(fault));
             }
             Notice::Recovered => {
                 tracing::info!(worker = %id, "worker recovered");
-                self.worker.push_event("recovered", String::new());
+                log.push_event("recovered", String::new());
             }
             Notice::Stable => {
                 tracing::info!(worker = %id, "worker stable; crash-loop backoff reset");
-                self.worker.push_event("stable", String::new());
+                log.push_event("stable", String::new());
             }
         }
     }
 
     fn spawn(&mut self) -> Event {
         let id = self.worker.id().to_string();
-        match spawn::spawn(&self.worker, &self.ctx.patterns) {
-            Ok(spawned) => {
+        let output = OutputSink {
+            worker: Arc::from(id.as_str()),
+            patterns: Arc::clone(&self.ctx.patterns),
+            log: Arc::clone(&self.driver.log),
+            reporter: self.driver.reporter.clone(),
+        };
+        match self.ctx.launcher.launch(&self.worker.spec, output) {
+            Ok(child) => {
+                let (pid, address) = (child.pid(), child.address());
                 tracing::info!(
-                    worker = %id, pid = spawned.pid, address = %spawned.address,
+                    worker = %id, pid, %address,
                     command = %self.worker.spec.command, "worker started"
                 );
                 self.generation += 1;
-                self.pid = Some(spawned.pid);
-                self.child = Some(spawned.child);
+                self.child = Some(child);
                 self.spawned_at = Some(Instant::now());
-                self.worker.set_process(Some(Process {
-                    pid: spawned.pid,
-                    address: spawned.address,
-                    client: client(spawned.address, self.ctx.max_message_bytes),
-                }));
-                self.worker
-                    .push_event("spawned", format!("pid {}", spawned.pid));
+                let process = Arc::new(Process {
+                    pid,
+                    address,
+                    client: client(address, self.ctx.max_message_bytes),
+                    upstream: Upstream::new(address, self.ctx.tasks.clone()),
+                });
+                self.update(|s| s.process = Some(process));
+                self.driver.log.push_event("spawned", format!("pid {pid}"));
                 self.probe = None;
                 self.next_probe = Some(Instant::now());
                 self.health = None;
@@ -320,7 +405,7 @@ impl Driver {
             }
             Err(e) => {
                 tracing::error!(worker = %id, command = %self.worker.spec.command, error = %e, "cannot start worker");
-                self.worker.record_exit(format!("spawn failed: {e}"));
+                self.update(|s| s.last_exit = Some(format!("spawn failed: {e}")));
                 Event::SpawnFailed {
                     error: e.to_string(),
                 }
@@ -328,13 +413,34 @@ impl Driver {
         }
     }
 
+    fn exited(&mut self, exit: Exit) {
+        let pid = self.pid().unwrap_or_default();
+        self.child = None;
+        let how = describe(exit.code, exit.signal);
+        tracing::warn!(worker = %self.worker.id(), pid, exit = %how, "worker exited");
+        self.driver.log.push_event("exited", how.clone());
+        self.ctx.metrics.worker_exited(self.worker.id());
+        self.update(|s| {
+            s.process = None;
+            s.last_exit = Some(how);
+        });
+        // Answer anyone waiting for a round of a process that is gone.
+        self.health = None;
+        self.answer_health(Vec::new());
+        self.kill_at = None;
+        self.feed(Event::Exited {
+            code: exit.code,
+            signal: exit.signal,
+        });
+    }
+
     fn on_timer(&mut self) {
         let now = Instant::now();
         if self.kill_at.is_some_and(|t| t <= now) {
             self.kill_at = None;
-            if let Some(pid) = self.pid {
-                tracing::warn!(worker = %self.worker.id(), pid, "worker ignored SIGTERM; sending SIGKILL");
-                signal_group(pid, Signal::SIGKILL);
+            if let Some(child) = self.child.as_mut() {
+                tracing::warn!(worker = %self.worker.id(), pid = child.pid(), "worker ignored SIGTERM; sending SIGKILL");
+                child.signal(Signal::SIGKILL);
             }
         }
         if self.next_probe.is_some_and(|t| t <= now) {
@@ -349,43 +455,57 @@ impl Driver {
     }
 
     fn start_probe(&mut self) {
-        let Some(process) = self.worker.process().filter(|_| self.child.is_some()) else {
+        let Some(process) = self.snap.process.clone().filter(|_| self.child.is_some()) else {
             return;
         };
         let generation = self.generation;
-        let worker = Arc::clone(&self.worker);
         let pool = Arc::clone(&self.ctx.pool);
         let timeout = self.ctx.probe_timeout;
         let health = Arc::clone(&self.ctx.health);
         let metrics = Arc::clone(&self.ctx.metrics);
+        let snap = self.snap.clone();
+        let id = self.worker.id().to_string();
         self.probe = match self.sentinel.state() {
             State::Starting => Some(Box::pin(async move {
-                let ready = startup_ready(&worker, &pool, process.client.clone()).await;
+                let client = process.client.clone();
+                let (ready, models) = startup_ready(&id, &snap, &pool, client.clone()).await;
                 // The startup gate: a worker that answers but computes
                 // wrong results must not take traffic.
-                let healthy = !ready
-                    || health::run_round(&health, &worker, &metrics, process.client)
-                        .await
-                        .iter()
-                        .all(|v| v.pass);
+                let snap = WorkerSnapshot {
+                    models: models.clone().map(Arc::from).or(snap.models),
+                    ..snap
+                };
+                let verdicts = if ready {
+                    health::run_round(&health, &id, &snap, &metrics, client).await
+                } else {
+                    Vec::new()
+                };
+                let healthy = verdicts.iter().all(|v| v.pass);
                 ProbeResult {
                     generation,
                     kind: ProbeKind::Startup,
                     ok: ready && healthy,
                     unhealthy: !healthy,
+                    models,
+                    verdicts,
                 }
             })),
-            State::Ready | State::Degraded | State::Draining => Some(Box::pin(async move {
-                let ok = tokio::time::timeout(timeout, live(&worker, process.client))
-                    .await
-                    .unwrap_or(false);
-                ProbeResult {
-                    generation,
-                    kind: ProbeKind::Liveness,
-                    ok,
-                    unhealthy: false,
-                }
-            })),
+            State::Ready | State::Degraded | State::Draining => {
+                let models = snap.models.clone().unwrap_or_else(|| Arc::from(Vec::new()));
+                Some(Box::pin(async move {
+                    let ok = tokio::time::timeout(timeout, live(&models, process.client.clone()))
+                        .await
+                        .unwrap_or(false);
+                    ProbeResult {
+                        generation,
+                        kind: ProbeKind::Liveness,
+                        ok,
+                        unhealthy: false,
+                        models: None,
+                        verdicts: Vec::new(),
+                    }
+                }))
+            }
             _ => None,
         };
     }
@@ -393,6 +513,14 @@ impl Driver {
     fn on_probe(&mut self, result: ProbeResult) {
         if result.generation != self.generation || self.child.is_none() {
             return;
+        }
+        if let Some(models) = result.models {
+            self.update(|s| s.models = Some(Arc::from(models)));
+        }
+        if !result.verdicts.is_empty() {
+            self.driver
+                .log
+                .record_health(result.verdicts.into_iter().map(HealthRecord::now));
         }
         let now = Instant::now();
         match result.kind {
@@ -413,13 +541,9 @@ impl Driver {
             ProbeKind::Liveness => {
                 self.next_probe = Some(now + self.ctx.probe_interval);
                 // A probe of a process that has just died fails at once
-                // (connection refused): that is an exit, not a hang. tokio
-                // keeps the reaped status, so the exit branch reports it next.
-                let exited = self
-                    .child
-                    .as_mut()
-                    .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
-                if !result.ok && exited {
+                // (connection refused): that is an exit, not a hang; the
+                // exit branch reports it next.
+                if !result.ok && self.child.as_mut().is_some_and(|c| c.has_exited()) {
                     return;
                 }
                 if !result.ok {
@@ -437,7 +561,7 @@ impl Driver {
     /// Schedules the next periodic health round, if the worker has checks.
     fn schedule_health(&mut self) {
         let cfg = &self.ctx.health;
-        if !health::has_checks(cfg, &self.worker) {
+        if !health::has_checks(cfg, &self.snap) {
             return;
         }
         let jitter_ns = cfg.jitter.as_nanos() as u64;
@@ -450,21 +574,23 @@ impl Driver {
     }
 
     fn start_health(&mut self) {
-        if !matches!(
+        let serving = matches!(
             self.sentinel.state(),
             State::Ready | State::Degraded | State::Draining
-        ) {
-            return;
-        }
-        let Some(process) = self.worker.process().filter(|_| self.child.is_some()) else {
+        );
+        let process = self.snap.process.clone().filter(|_| self.child.is_some());
+        let Some(process) = process.filter(|_| serving) else {
+            self.answer_health(Vec::new());
             return;
         };
         let generation = self.generation;
-        let worker = Arc::clone(&self.worker);
         let cfg = Arc::clone(&self.ctx.health);
         let metrics = Arc::clone(&self.ctx.metrics);
+        let snap = self.snap.clone();
+        let id = self.worker.id().to_string();
         self.health = Some(Box::pin(async move {
-            let verdicts = health::run_round(&cfg, &worker, &metrics, process.client).await;
+            let verdicts =
+                health::run_round(&cfg, &id, &snap, &metrics, process.client.clone()).await;
             HealthRound {
                 generation,
                 verdicts,
@@ -474,59 +600,61 @@ impl Driver {
 
     fn on_health(&mut self, round: HealthRound) {
         if round.generation != self.generation || self.child.is_none() {
+            self.answer_health(Vec::new());
             return;
         }
+        self.driver
+            .log
+            .record_health(round.verdicts.iter().cloned().map(HealthRecord::now));
         self.schedule_health();
         if let Some(event) = health::round_event(&round.verdicts) {
             self.feed(event);
+        }
+        self.answer_health(round.verdicts);
+    }
+
+    fn answer_health(&mut self, verdicts: Vec<Verdict>) {
+        for reply in self.health_waiting.drain(..) {
+            let _ = reply.send(verdicts.clone());
         }
     }
 
     /// The agent is stopping: no more traffic, SIGTERM, SIGKILL after grace.
     async fn stop(&mut self) {
-        self.worker.set_routable(false);
-        self.ctx.pool.wake();
-        if let (Some(child), Some(pid)) = (self.child.as_mut(), self.pid) {
-            signal_group(pid, Signal::SIGTERM);
+        self.update(|s| s.routable = false);
+        self.publish();
+        self.answer_health(Vec::new());
+        if let Some(mut child) = self.child.take() {
+            let pid = child.pid();
+            child.signal(Signal::SIGTERM);
             if tokio::time::timeout(self.worker.spec.stop_grace, child.wait())
                 .await
                 .is_err()
             {
                 tracing::warn!(worker = %self.worker.id(), pid, "worker ignored SIGTERM; sending SIGKILL");
-                signal_group(pid, Signal::SIGKILL);
-                let _ = child.wait().await;
+                child.signal(Signal::SIGKILL);
+                child.wait().await;
             }
-            self.worker.record_exit("stopped by agent".into());
-            self.worker.set_process(None);
+            self.update(|s| {
+                s.process = None;
+                s.last_exit = Some("stopped by agent".into());
+            });
+            self.publish();
             tracing::info!(worker = %self.worker.id(), "worker stopped");
         }
-        self.child = None;
     }
 }
 
-fn signal_group(pid: u32, signal: Signal) {
-    if let Err(e) = killpg(Pid::from_raw(pid as i32), signal) {
-        tracing::debug!(pid, ?signal, error = %e, "signal to worker group failed (already gone?)");
-    }
-}
-
-async fn wait(child: &mut Option<Child>) -> std::io::Result<std::process::ExitStatus> {
+async fn wait(child: &mut Option<Box<dyn Launched>>) -> Exit {
     match child {
         Some(c) => c.wait().await,
         None => std::future::pending().await,
     }
 }
 
-async fn poll_probe(probe: &mut Option<ProbeFuture>) -> ProbeResult {
-    match probe {
-        Some(p) => p.await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn poll_health(round: &mut Option<HealthFuture>) -> HealthRound {
-    match round {
-        Some(r) => r.await,
+async fn poll<T>(f: &mut Option<Pin<Box<dyn Future<Output = T> + Send>>>) -> T {
+    match f {
+        Some(f) => f.await,
         None => std::future::pending().await,
     }
 }
@@ -559,19 +687,23 @@ fn client(
     .expect("a socket address is a valid URI")
 }
 
-/// One startup readiness check: live, models known and ready, metadata cached.
+/// One startup readiness check: live, models known and ready, metadata
+/// cached in the pool's model table. Returns whether ready, and the models
+/// the worker listed if it had to be asked.
 async fn startup_ready(
-    worker: &Worker,
+    id: &str,
+    snap: &WorkerSnapshot,
     pool: &Pool,
     mut client: GrpcInferenceServiceClient<Channel>,
-) -> bool {
+) -> (bool, Option<Vec<String>>) {
     let call = |fut| tokio::time::timeout(STARTUP_CALL_TIMEOUT, fut);
     match call(client.server_live(ServerLiveRequest {})).await {
         Ok(Ok(r)) if r.get_ref().live => {}
-        _ => return false,
+        _ => return (false, None),
     }
-    if worker.models().is_none() {
-        match tokio::time::timeout(
+    let (models, listed): (Vec<String>, _) = match &snap.models {
+        Some(m) => (m.to_vec(), None),
+        None => match tokio::time::timeout(
             STARTUP_CALL_TIMEOUT,
             client.repository_index(RepositoryIndexRequest::default()),
         )
@@ -581,51 +713,54 @@ async fn startup_ready(
                 let models: Vec<String> =
                     r.into_inner().models.into_iter().map(|m| m.name).collect();
                 if models.is_empty() {
-                    return false;
+                    return (false, None);
                 }
-                worker.set_models(models);
+                (models.clone(), Some(models))
             }
             Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
                 tracing::error!(
-                    worker = %worker.id(),
+                    worker = %id,
                     "the worker does not list its models (RepositoryIndex); set `models` for it in the config"
                 );
-                return false;
+                return (false, None);
             }
-            _ => return false,
-        }
-    }
-    let models = worker.models().unwrap_or_default();
-    for model in models.iter() {
+            _ => return (false, None),
+        },
+    };
+    for model in &models {
         let req = ModelReadyRequest {
             name: model.clone(),
             version: String::new(),
         };
         match tokio::time::timeout(STARTUP_CALL_TIMEOUT, client.model_ready(req)).await {
             Ok(Ok(r)) if r.get_ref().ready => {}
-            _ => return false,
+            _ => return (false, listed),
         }
     }
-    for model in models.iter() {
+    for model in &models {
         let req = ModelMetadataRequest {
             name: model.clone(),
             version: String::new(),
         };
         match tokio::time::timeout(STARTUP_CALL_TIMEOUT, client.model_metadata(req)).await {
-            Ok(Ok(r)) => pool.set_metadata(r.into_inner()),
-            _ => return false,
+            Ok(Ok(r)) => {
+                if let Err(e) = pool.models().set_metadata(r.into_inner()) {
+                    tracing::warn!(worker = %id, model = %model.escape_debug(), error = %e, "model not served");
+                }
+            }
+            _ => return (false, listed),
         }
     }
-    true
+    (true, listed)
 }
 
 /// One liveness check: the server is live and its models are ready.
-async fn live(worker: &Worker, mut client: GrpcInferenceServiceClient<Channel>) -> bool {
+async fn live(models: &[String], mut client: GrpcInferenceServiceClient<Channel>) -> bool {
     match client.server_live(ServerLiveRequest {}).await {
         Ok(r) if r.get_ref().live => {}
         _ => return false,
     }
-    for model in worker.models().unwrap_or_default().iter() {
+    for model in models {
         let req = ModelReadyRequest {
             name: model.clone(),
             version: String::new(),

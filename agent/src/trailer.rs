@@ -1,130 +1,138 @@
-//! A tower layer that appends the node's load report to every gRPC response
-//! of the OIP port: into the trailers of a normal response, or into the
-//! headers of a "trailers-only" error response. The report is taken when the
-//! response ends, so it reflects the load after this request.
+//! The load report on every gRPC response of the OIP port, and the one body
+//! type the port answers with.
+//!
+//! The report ([`LoadReport`]: in-flight, queue, busy ratio, weight) goes
+//! into the trailers of a normal response, or into the headers of a
+//! "trailers-only" error response. It is taken when the response ends, so
+//! it reflects the load after this request. Values are formatted without
+//! allocating.
 
+use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
-use tower::{Layer, Service};
+use infermesh_proto::load::{BUSY_KEY, INFLIGHT_KEY, LoadReport, QUEUE_KEY, WEIGHT_KEY};
 
+use crate::forward::ForwardBody;
 use crate::pool::Pool;
 
-/// Adds [`LoadReport`](infermesh_proto::load::LoadReport) metadata to responses.
-#[derive(Clone)]
-pub struct LoadReportLayer {
-    pool: Arc<Pool>,
-}
-
-impl LoadReportLayer {
-    /// Reports the load of `pool`.
-    pub fn new(pool: Arc<Pool>) -> Self {
-        Self { pool }
-    }
-}
-
-impl<S> Layer<S> for LoadReportLayer {
-    type Service = LoadReportService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        LoadReportService {
-            inner,
-            pool: Arc::clone(&self.pool),
+/// Writes `report` into `map` (trailers, or the headers of a trailers-only
+/// response).
+pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
+    let mut buf = String::with_capacity(16);
+    let mut put = |key: &'static str, args: std::fmt::Arguments<'_>| {
+        buf.clear();
+        let _ = buf.write_fmt(args);
+        if let Ok(v) = HeaderValue::from_str(&buf) {
+            map.insert(key, v);
         }
-    }
+    };
+    put(INFLIGHT_KEY, format_args!("{}", report.in_flight));
+    put(QUEUE_KEY, format_args!("{}", report.queued));
+    put(BUSY_KEY, format_args!("{:.3}", report.busy_ratio));
+    put(WEIGHT_KEY, format_args!("{:.3}", report.weight));
 }
 
-/// See [`LoadReportLayer`].
-#[derive(Clone)]
-pub struct LoadReportService<S> {
-    inner: S,
-    pool: Arc<Pool>,
+/// Adds the pool's current report to `map`.
+pub fn add_report(pool: &Pool, map: &mut HeaderMap) {
+    write_report(&pool.load(), map);
 }
 
-fn add_report(pool: &Pool, map: &mut HeaderMap) {
-    for (key, value) in pool.load().entries() {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            map.insert(HeaderName::from_static(key), v);
-        }
-    }
+/// A response body of the OIP port.
+#[derive(Default)]
+pub enum FrontBody {
+    /// No body (trailers-only responses).
+    #[default]
+    Empty,
+    /// One encoded message, then trailers.
+    Message {
+        /// The gRPC frame, taken when sent.
+        data: Option<Bytes>,
+        /// Trailers, taken when sent.
+        trailers: Option<HeaderMap>,
+    },
+    /// A worker's response passed through ([`crate::forward`]).
+    Forward(ForwardBody),
+    /// A response of a tonic service, with the load report added to its
+    /// trailers.
+    Tonic {
+        /// The service's body.
+        inner: tonic::body::Body,
+        /// Whose load to report.
+        pool: Arc<Pool>,
+    },
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LoadReportService<S>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
-    ResBody: Body,
-{
-    type Response = Response<ReportBody<ResBody>>;
-    type Error = S::Error;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let fut = self.inner.call(req);
-        let pool = Arc::clone(&self.pool);
-        Box::pin(async move {
-            let mut resp = fut.await?;
-            // Trailers-only response: the status is in the headers.
-            if resp.headers().contains_key("grpc-status") {
-                add_report(&pool, resp.headers_mut());
-                return Ok(resp.map(|body| ReportBody {
-                    inner: body,
-                    pool: None,
-                }));
-            }
-            Ok(resp.map(|body| ReportBody {
-                inner: body,
-                pool: Some(pool),
-            }))
-        })
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A response body that adds the load report to its trailers.
-    pub struct ReportBody<B> {
-        #[pin]
-        inner: B,
-        pool: Option<Arc<Pool>>,
-    }
-}
-
-impl<B: Body> Body for ReportBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
+impl Body for FrontBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let frame = ready!(this.inner.poll_frame(cx));
-        Poll::Ready(frame.map(|f| {
-            f.map(|frame| match frame.into_trailers() {
-                Ok(mut trailers) => {
-                    if let Some(pool) = this.pool.as_ref() {
-                        add_report(pool, &mut trailers);
-                    }
-                    Frame::trailers(trailers)
-                }
-                Err(frame) => frame,
-            })
-        }))
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            FrontBody::Empty => Poll::Ready(None),
+            FrontBody::Message { data, trailers } => Poll::Ready(match data.take() {
+                Some(d) => Some(Ok(Frame::data(d))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+            }),
+            FrontBody::Forward(f) => Pin::new(f).poll_frame(cx),
+            FrontBody::Tonic { inner, pool } => {
+                let frame = ready!(Pin::new(inner).poll_frame(cx));
+                Poll::Ready(frame.map(|f| {
+                    f.map(|frame| match frame.into_trailers() {
+                        Ok(mut trailers) => {
+                            add_report(pool, &mut trailers);
+                            Frame::trailers(trailers)
+                        }
+                        Err(frame) => frame,
+                    })
+                }))
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match self {
+            FrontBody::Empty => true,
+            FrontBody::Message { data, trailers } => data.is_none() && trailers.is_none(),
+            FrontBody::Forward(f) => f.is_end_stream(),
+            FrontBody::Tonic { inner, .. } => inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self {
+            FrontBody::Empty => SizeHint::with_exact(0),
+            FrontBody::Message { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            FrontBody::Forward(_) => SizeHint::default(),
+            FrontBody::Tonic { inner, .. } => inner.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_round_trips_through_metadata() {
+        let report = LoadReport {
+            in_flight: 3,
+            queued: 1,
+            busy_ratio: 0.25,
+            weight: 2.5,
+        };
+        let mut map = HeaderMap::new();
+        write_report(&report, &mut map);
+        let md = tonic::metadata::MetadataMap::from_headers(map);
+        assert_eq!(LoadReport::from_metadata(&md), Some(report));
     }
 }

@@ -1,0 +1,499 @@
+//! The hot path: `ModelInfer` passed through as the bytes that arrived.
+//!
+//! A plain inline request (no shared-memory or RDMA parameters) is read
+//! whole (bounded by `max_message_bytes`, a node-wide receive budget and a
+//! read timeout), decoded once into a view whose tensor bytes are slices of
+//! the received buffer, validated against the model's metadata, and — once
+//! it holds a worker permit — the *received frame* is sent to the worker on
+//! its HTTP/2 connection ([`crate::upstream`]), with the caller's metadata
+//! and what is left of its deadline. The worker's response headers and body
+//! go back unchanged; only the trailers are touched: the load report is
+//! added, and an internal error that names a GPU fault is turned into
+//! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
+//! sentinel. The permit is freed when the worker's trailers arrive, not when
+//! the caller has read them.
+//!
+//! Requests with shared-memory or RDMA parameters need their tensors
+//! rewritten; they go through [`Front::infer_decoded`] instead, and so do
+//! their responses.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use h2::RecvStream;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use infermesh_proto::inference::ModelInferRequest;
+use infermesh_proto::tensor::validate_request;
+use infermesh_sentinel::FaultPatterns;
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{Code, Status};
+
+use crate::conn::ConnInfo;
+use crate::deadline::header_timeout;
+use crate::error::AgentError;
+use crate::front::Front;
+use crate::grpc::{self, FRAME_HEADER, frame_header, message_response, status_response};
+use crate::inbox::Reporter;
+use crate::metrics::{Metrics, ModelMetrics, TransportPath};
+use crate::pool::{Lease, Pool, Ticket};
+use crate::trailer::{FrontBody, add_report};
+
+/// Limits on what a caller may send.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// Largest message.
+    pub max_message_bytes: usize,
+    /// Bytes of request bodies being received at once, node-wide.
+    pub receive_budget_bytes: usize,
+    /// Longest time to receive one request body.
+    pub read_timeout: Duration,
+}
+
+/// Serves `ModelInfer` by pass-through.
+#[derive(Clone)]
+pub struct InferPath {
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    patterns: Arc<FaultPatterns>,
+    front: Front,
+    limits: BodyLimits,
+    budget: Arc<Semaphore>,
+}
+
+/// Headers of the caller's request that do not travel to the worker.
+fn hop_only(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "te" | "grpc-timeout"
+            | "content-length"
+            | "host"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+impl InferPath {
+    /// The path over `pool`; rewriting requests go to `front`.
+    pub fn new(
+        pool: Arc<Pool>,
+        metrics: Arc<Metrics>,
+        patterns: Arc<FaultPatterns>,
+        front: Front,
+        limits: BodyLimits,
+    ) -> Self {
+        let budget = Arc::new(Semaphore::new(
+            limits
+                .receive_budget_bytes
+                .min(Semaphore::MAX_PERMITS)
+                .max(limits.max_message_bytes + FRAME_HEADER),
+        ));
+        Self {
+            pool,
+            metrics,
+            patterns,
+            front,
+            limits,
+            budget,
+        }
+    }
+
+    /// Answers one `ModelInfer` request.
+    pub async fn call<B>(&self, req: Request<B>) -> Response<FrontBody>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let started = Instant::now();
+        let deadline = header_timeout(req.headers()).map(|t| started + t);
+        let ticket = self.pool.admit();
+        let (parts, body) = req.into_parts();
+        let mut model = None;
+        let result = self
+            .serve(&parts, body, started, deadline, ticket, &mut model)
+            .await;
+        match result {
+            Ok(resp) => resp,
+            Err(status) => {
+                let status = Status::new(status.code(), status.message().to_string());
+                self.metrics
+                    .model(model, self.pool.models())
+                    .request(status.code(), started.elapsed());
+                status_response(status, &self.pool)
+            }
+        }
+    }
+
+    async fn serve<B>(
+        &self,
+        parts: &http::request::Parts,
+        body: B,
+        started: Instant,
+        deadline: Option<Instant>,
+        ticket: Ticket,
+        model: &mut Option<crate::models::ModelId>,
+    ) -> Result<Response<FrontBody>, Status>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        if parts
+            .headers
+            .get("grpc-encoding")
+            .is_some_and(|e| e != "identity")
+        {
+            return Err(Status::unimplemented(
+                "compressed requests are not supported; send them uncompressed",
+            ));
+        }
+        let (frame, permit) = self.read_body(body, deadline).await?;
+        let message = grpc::unary_message(&frame)?;
+        let mut req = ModelInferRequest::decode(message)
+            .map_err(|e| Status::invalid_argument(format!("malformed ModelInferRequest: {e}")))?;
+        if req.model_name.is_empty() {
+            return Err(AgentError::BadRequest("model_name is empty".into()).into());
+        }
+        let (id, meta) = match self.pool.models().lookup(&req.model_name) {
+            Some((id, meta)) => {
+                *model = Some(id);
+                (id, meta)
+            }
+            None => return Err(self.pool.unavailable_reason(&req.model_name).into()),
+        };
+        let meta = meta.ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
+        let metrics = self.metrics.model(Some(id), self.pool.models());
+        if crate::shm::uses_shm(&req) || crate::rdma::uses_rdma(&req) {
+            drop(permit);
+            let owner = parts.extensions.get::<ConnInfo>().map_or(0, |c| c.id);
+            let (resp, path) = self
+                .front
+                .infer_decoded(owner, deadline, &mut req, id, &meta)
+                .await?;
+            self.metrics.transport(path);
+            drop(ticket);
+            metrics.request(Code::Ok, started.elapsed());
+            return Ok(message_response(&resp, &self.pool));
+        }
+        validate_request(&req, &meta).map_err(AgentError::from)?;
+        drop(req);
+        let lease = self.pool.acquire(id, None, deadline).await?;
+        self.metrics.transport(TransportPath::Grpc);
+        let process = Arc::clone(lease.process());
+        let head = upstream_head(&parts.headers, &process.upstream, deadline)?;
+        let unreachable = |e: &dyn std::fmt::Display| -> Status {
+            AgentError::WorkerUnreachable {
+                worker: lease.worker().id().to_string(),
+                reason: e.to_string(),
+            }
+            .into()
+        };
+        let response = process
+            .upstream
+            .send(head, frame)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let response = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), response)
+                .await
+                .map_err(|_| {
+                    Status::deadline_exceeded("deadline exceeded waiting for the worker")
+                })?,
+            None => response.await,
+        }
+        .map_err(|e| unreachable(&e))?;
+        drop(permit);
+        if response.status() != http::StatusCode::OK {
+            return Err(unreachable(&format!(
+                "worker answered HTTP {}",
+                response.status()
+            )));
+        }
+        let (mut head, recv) = response.into_parts();
+        let done = Done {
+            reporter: lease.worker().reporter().clone(),
+            pid: process.pid,
+            lease: Some(lease),
+            ticket: Some(ticket),
+            metrics,
+            started,
+            patterns: Arc::clone(&self.patterns),
+            pool: Arc::clone(&self.pool),
+        };
+        if let Some(status) = Status::from_header_map(&head.headers) {
+            // Trailers-only: the status is in the headers.
+            let mut done = done;
+            done.finish(&mut head.headers, status);
+            return Ok(Response::from_parts(head, FrontBody::Empty));
+        }
+        Ok(Response::from_parts(
+            head,
+            FrontBody::Forward(ForwardBody {
+                recv,
+                done: Some(done),
+            }),
+        ))
+    }
+
+    /// Reads one request body whole, within the limits; returns it and the
+    /// share of the receive budget it holds.
+    async fn read_body<B>(
+        &self,
+        mut body: B,
+        deadline: Option<Instant>,
+    ) -> Result<(Bytes, OwnedSemaphorePermit), Status>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let read_until = Instant::now() + self.limits.read_timeout;
+        let read_until = deadline.map_or(read_until, |d| d.min(read_until));
+        let read = async {
+            let mut chunks: Vec<Bytes> = Vec::new();
+            let mut received = 0usize;
+            let mut expected: Option<(usize, OwnedSemaphorePermit)> = None;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| Status::cancelled(format!("request body: {e}")))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                received += data.len();
+                chunks.push(data);
+                if expected.is_none() && received >= FRAME_HEADER {
+                    let mut header = [0u8; FRAME_HEADER];
+                    copy_prefix(&chunks, &mut header);
+                    let (_, len) = frame_header(&header);
+                    expected = Some((len, self.reserve(len)?));
+                }
+                if let Some((len, _)) = &expected {
+                    if received > FRAME_HEADER + len {
+                        return Err(Status::internal(
+                            "a unary request must carry exactly one gRPC message",
+                        ));
+                    }
+                }
+            }
+            let (_, permit) = expected.ok_or_else(|| {
+                Status::internal("request body is shorter than a gRPC message header")
+            })?;
+            let body = if chunks.len() == 1 {
+                chunks.pop().expect("one chunk")
+            } else {
+                let mut all = BytesMut::with_capacity(received);
+                for c in &chunks {
+                    all.extend_from_slice(c);
+                }
+                all.freeze()
+            };
+            Ok((body, permit))
+        };
+        tokio::time::timeout_at(read_until.into(), read)
+            .await
+            .map_err(|_| match deadline {
+                Some(d) if d <= read_until => {
+                    Status::deadline_exceeded("deadline exceeded while receiving the request")
+                }
+                _ => Status::deadline_exceeded(format!(
+                    "request body not received within {:?}",
+                    self.limits.read_timeout
+                )),
+            })?
+    }
+
+    /// Takes `len` bytes of the receive budget, or refuses the request.
+    fn reserve(&self, len: usize) -> Result<OwnedSemaphorePermit, Status> {
+        if len > self.limits.max_message_bytes {
+            return Err(AgentError::MessageTooLarge {
+                size: len,
+                limit: self.limits.max_message_bytes,
+            }
+            .into());
+        }
+        let n = u32::try_from(len + FRAME_HEADER).unwrap_or(u32::MAX);
+        Arc::clone(&self.budget)
+            .try_acquire_many_owned(n)
+            .map_err(|_| AgentError::ReceiveBudget.into())
+    }
+}
+
+fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
+    let mut at = 0;
+    for c in chunks {
+        let n = (out.len() - at).min(c.len());
+        out[at..at + n].copy_from_slice(&c[..n]);
+        at += n;
+        if at == out.len() {
+            return;
+        }
+    }
+}
+
+/// The request head towards the worker: the caller's metadata, what is
+/// left of its deadline.
+fn upstream_head(
+    headers: &HeaderMap,
+    upstream: &crate::upstream::Upstream,
+    deadline: Option<Instant>,
+) -> Result<Request<()>, Status> {
+    let mut head = Request::post(upstream.infer_uri().clone())
+        .body(())
+        .map_err(|e| Status::internal(format!("request to worker: {e}")))?;
+    let out = head.headers_mut();
+    out.reserve(headers.len() + 2);
+    for (name, value) in headers {
+        if !hop_only(name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out.insert("te", HeaderValue::from_static("trailers"));
+    if let Some(d) = deadline {
+        let left = d.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Status::deadline_exceeded(
+                "deadline exceeded before the request reached a worker",
+            ));
+        }
+        // gRPC allows at most 8 digits.
+        let micros = left.as_micros().min(99_999_999);
+        let value = HeaderValue::from_str(&format!("{micros}u")).expect("ascii");
+        out.insert("grpc-timeout", value);
+    }
+    Ok(head)
+}
+
+/// Tells a worker's sentinel about an internal error it answered, and
+/// decides what the caller sees. An error naming a fatal GPU fault (the
+/// worker's CUDA context is gone, e.g. Triton after an illegal address) is
+/// reported as a fault and answered UNAVAILABLE, so the client retries
+/// elsewhere; other internal errors count towards the error burst.
+pub(crate) fn judge_worker_status(
+    reporter: &Reporter,
+    pid: u32,
+    patterns: &FaultPatterns,
+    status: Status,
+) -> Status {
+    if !matches!(status.code(), Code::Internal | Code::Unknown) {
+        return status;
+    }
+    match patterns.find(status.message()) {
+        Some(pattern) => {
+            reporter.fault_line(pid, pattern, status.message());
+            Status::unavailable(format!("worker failed: {}", status.message()))
+        }
+        None => {
+            reporter.request_error(pid);
+            status
+        }
+    }
+}
+
+/// What is left to do when the worker's answer ends.
+struct Done {
+    lease: Option<Lease>,
+    ticket: Option<Ticket>,
+    metrics: Arc<ModelMetrics>,
+    started: Instant,
+    reporter: Reporter,
+    pid: u32,
+    patterns: Arc<FaultPatterns>,
+    pool: Arc<Pool>,
+}
+
+impl Done {
+    /// Frees the permit, reports worker errors, records the request, and
+    /// writes the final status (maybe rewritten) and the load report into
+    /// `trailers`.
+    fn finish(&mut self, trailers: &mut HeaderMap, status: Status) {
+        self.lease = None;
+        self.ticket = None;
+        let code = status.code();
+        let status = judge_worker_status(&self.reporter, self.pid, &self.patterns, status);
+        if status.code() != code {
+            for key in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
+                trailers.remove(key);
+            }
+            let _ = status.add_header(trailers);
+        }
+        self.metrics.request(status.code(), self.started.elapsed());
+        add_report(&self.pool, trailers);
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if self.ticket.is_some() {
+            // The caller went away before the worker answered.
+            self.metrics
+                .request(Code::Cancelled, self.started.elapsed());
+        }
+    }
+}
+
+/// A worker's response body on its way to the caller.
+pub struct ForwardBody {
+    recv: RecvStream,
+    done: Option<Done>,
+}
+
+impl ForwardBody {
+    fn end(&mut self, mut trailers: HeaderMap, status: Status) -> Frame<Bytes> {
+        if let Some(mut done) = self.done.take() {
+            done.finish(&mut trailers, status);
+        }
+        Frame::trailers(trailers)
+    }
+
+    fn failed(&mut self, why: String) -> Frame<Bytes> {
+        let status: Status = AgentError::WorkerUnreachable {
+            worker: format!("pid {}", self.done.as_ref().map_or(0, |d| d.pid)),
+            reason: why,
+        }
+        .into();
+        let mut trailers = HeaderMap::new();
+        let _ = status.add_header(&mut trailers);
+        self.end(trailers, status)
+    }
+}
+
+impl Body for ForwardBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if this.done.is_none() {
+            return Poll::Ready(None);
+        }
+        match ready!(this.recv.poll_data(cx)) {
+            Some(Ok(data)) => {
+                let _ = this.recv.flow_control().release_capacity(data.len());
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            Some(Err(e)) => return Poll::Ready(Some(Ok(this.failed(e.to_string())))),
+            None => {}
+        }
+        let frame = match ready!(this.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => match Status::from_header_map(&trailers) {
+                Some(status) => this.end(trailers, status),
+                None => this.failed("the worker's response ended without a gRPC status".into()),
+            },
+            Ok(None) => this.failed("the worker's response ended without trailers".into()),
+            Err(e) => this.failed(e.to_string()),
+        };
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done.is_none()
+    }
+}
