@@ -18,6 +18,7 @@
 //!    `stop_grace`; the remaining tasks end; the function returns.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use infermesh_proto::rdma::RdmaServer;
 use infermesh_transport::shm::ShmRegistry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
@@ -125,261 +127,352 @@ pub async fn run_with(
     launcher: Arc<dyn Launcher>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    let started = Instant::now();
-    let bind = |addr, what| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| RunError::Bind { addr, what, source })
-    };
-    let oip_listener = bind(cfg.listen, "OIP gRPC").await?;
-    let admin_listener = bind(cfg.admin_listen, "admin").await?;
-    let (listen, admin_listen) = (
-        oip_listener.local_addr().unwrap_or(cfg.listen),
-        admin_listener.local_addr().unwrap_or(cfg.admin_listen),
-    );
-    let requests = TaskTracker::new();
-    let background = TaskTracker::new();
-    let stop_workers = CancellationToken::new();
-    let stop_background = CancellationToken::new();
-    let port = Shutdown {
-        graceful: CancellationToken::new(),
-        hard: CancellationToken::new(),
-    };
-
-    let (workers, drivers): (Vec<_>, Vec<_>) = cfg
-        .workers
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(i, spec)| Worker::new(spec, i))
-        .unzip();
-    let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
-    let metrics = Arc::new(Metrics::new());
-    let patterns = Arc::new(cfg.fault_patterns.clone());
-    let gpus = open_gpu_telemetry(&cfg);
-    let rdma = crate::rdma::open(cfg.rdma)
-        .await
-        .map_err(RunError::Rdma)?
-        .map(|engine| Arc::new(RdmaPeers::new(engine, cfg.max_message_bytes)));
-    if cfg.admin_token.is_none() {
-        tracing::info!(
-            "no admin token file: mutating admin calls (drain, restart, ...) are refused"
-        );
-    }
-    let ctx = Context {
-        health: Arc::new(cfg.health.clone()),
-        pool: Arc::clone(&pool),
-        metrics: Arc::clone(&metrics),
-        max_message_bytes: cfg.max_message_bytes,
-        patterns: Arc::clone(&patterns),
-        sentinel: cfg.sentinel.clone(),
-        probe_interval: cfg.probe_interval,
-        probe_timeout: cfg.probe_timeout,
-        launcher,
-        tasks: background.clone(),
-    };
-    // Seeds only the backoff jitter; different per agent start and per worker.
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    for (i, (w, d)) in pool.workers().iter().zip(drivers).enumerate() {
-        background.spawn(supervisor::supervise(
-            Arc::clone(w),
-            d,
-            ctx.clone(),
-            seed ^ i as u64,
-            stop_workers.clone(),
-        ));
-    }
-    {
-        let watch = gpu::watch(
-            Arc::clone(&gpus),
-            XidClassifier::new(cfg.xid_policy.clone()),
-            Arc::clone(&pool),
-            Arc::clone(&metrics),
-        );
-        let stop = stop_background.clone();
-        background.spawn(async move {
-            tokio::select! {
-                _ = watch => {}
-                _ = stop.cancelled() => {}
-            }
-        });
-    }
-    let (set_phase, phase_rx) = watch::channel(Phase::Serving);
-    let set_phase = Arc::new(set_phase);
-    let registration = cfg.registry.clone().map(|rcfg| {
-        let advertised = Advertised {
-            node_id: cfg.node_id.clone(),
-            grpc: cfg.advertise.clone(),
-            admin: admin_listen.to_string(),
-            score: cfg.weight,
-            gpus: Arc::clone(&gpus),
-            pool: Arc::clone(&pool),
-            rdma: rdma.as_ref().map(|r| r.kind().to_string()),
-        };
-        background.spawn(registry::run(rcfg, advertised, phase_rx))
-    });
-
-    let shm = ShmState::new(ShmRegistry::default(), pool.workers().len());
-    let on_close: OnClose = {
-        let (shm, pool, rdma, tasks) = (
-            shm.clone(),
-            Arc::clone(&pool),
-            rdma.clone(),
-            background.clone(),
-        );
-        Arc::new(move |owner| {
-            shm.registry().drop_owner(owner);
-            if let Some(rdma) = &rdma {
-                rdma.drop_owner(owner);
-            }
-            // Regions passed through to workers go too.
-            let (pool, shm) = (Arc::clone(&pool), shm.clone());
-            tasks.spawn(async move { shm::forget_on_workers(&pool, &shm, owner, None).await });
-        })
-    };
-    let front = Front::new(
-        Arc::clone(&pool),
-        Arc::clone(&metrics),
-        Arc::clone(&patterns),
-        shm,
-        requests.clone(),
-    )
-    .with_rdma(rdma.clone());
-    let oip = {
-        let service = |limit| {
-            GrpcInferenceServiceServer::new(front.clone())
-                .max_decoding_message_size(limit)
-                .max_encoding_message_size(cfg.max_message_bytes)
-        };
-        let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES));
-        if let Some(r) = &rdma {
-            calls = calls.add_service(RdmaServer::new(RdmaService::new(Arc::clone(r))));
-        }
-        let l = &cfg.limits;
-        Oip {
-            infer: InferPath::new(
-                Arc::clone(&pool),
-                Arc::clone(&metrics),
-                Arc::clone(&patterns),
-                front.clone(),
-                BodyLimits {
-                    max_message_bytes: cfg.max_message_bytes,
-                    receive_budget_bytes: l.receive_budget_bytes,
-                    read_timeout: l.read_timeout,
-                },
-            ),
-            streams: Routes::new(service(cfg.max_message_bytes)).prepare(),
-            calls: calls.prepare(),
-            pool: Arc::clone(&pool),
-            call_timeout: l.call_timeout,
-        }
-    };
-    let fd_limit = raise_fd_limit();
-    let l = &cfg.limits;
-    let server_limits = ServerLimits {
-        max_connections: l.connections_within(fd_limit),
-        max_concurrent_streams: l.max_concurrent_streams,
-        stream_window: limits::STREAM_WINDOW,
-        connection_window: limits::CONNECTION_WINDOW,
-        max_header_list_size: limits::MAX_HEADER_LIST_SIZE,
-        handshake_timeout: l.handshake_timeout,
-        idle_timeout: l.idle_timeout,
-        keepalive_interval: l.keepalive_interval,
-        keepalive_timeout: l.keepalive_timeout,
-    };
-    if server_limits.max_connections < l.max_connections {
-        tracing::warn!(
-            fd_limit,
-            max_connections = server_limits.max_connections,
-            "open-file limit lowers the connection limit (raise `ulimit -n` for more)"
-        );
-    }
-    requests.spawn(server::serve(
-        oip_listener,
-        oip,
-        server_limits,
-        on_close,
-        port.clone(),
-        requests.clone(),
-    ));
-    {
-        let state = AdminState {
-            node_id: cfg.node_id.clone(),
-            pool: Arc::clone(&pool),
-            metrics: Arc::clone(&metrics),
-            started,
-            gpus: Arc::clone(&gpus),
-            token: cfg.admin_token.clone(),
-            phase: Arc::clone(&set_phase),
-        };
-        let stop = stop_background.clone();
-        background.spawn(async move {
-            let served = axum::serve(admin_listener, admin::router(state))
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "admin server failed");
-            }
-        });
-    }
-    tracing::info!(node = %cfg.node_id, %listen, %admin_listen, workers = cfg.workers.len(), "agent serving");
-
+    let agent = Agent::start(cfg, launcher).await?;
     shutdown.await;
-
-    // 1–2: advertise draining, keep serving for drain_delay.
-    tracing::info!(drain_delay = ?cfg.drain_delay, in_flight = pool.load().in_flight, "shutting down: advertising draining");
-    pool.set_stopping();
-    let _ = set_phase.send(Phase::Draining);
-    tokio::time::sleep(cfg.drain_delay).await;
-    // 3: stop accepting; finish in-flight requests within shutdown_grace.
-    tracing::info!(grace = ?cfg.shutdown_grace, in_flight = pool.load().in_flight, "no longer accepting connections; finishing in-flight requests");
-    port.graceful.cancel();
-    requests.close();
-    if tokio::time::timeout(cfg.shutdown_grace, requests.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            left = pool.load().in_flight,
-            "shutdown grace ran out; dropping requests still in flight"
-        );
-        port.hard.cancel();
-        pool.close();
-        requests.wait().await;
-    } else {
-        tracing::info!("in-flight requests finished");
-    }
-    pool.close();
-    // 4: deregister, stop workers and everything else.
-    let _ = set_phase.send(Phase::Gone);
-    if let Some(r) = registration {
-        if tokio::time::timeout(DEREGISTER_WAIT, r).await.is_err() {
-            tracing::warn!(
-                "registry did not confirm the deregistration in 3 s; the record goes with the session"
-            );
-        }
-    }
-    stop_workers.cancel();
-    stop_background.cancel();
-    background.close();
-    let longest_stop = cfg
-        .workers
-        .iter()
-        .map(|w| w.stop_grace)
-        .max()
-        .unwrap_or_default();
-    if tokio::time::timeout(longest_stop + BACKGROUND_WAIT, background.wait())
-        .await
-        .is_err()
-    {
-        tracing::error!(
-            tasks = background.len(),
-            "background tasks did not end in time; exiting anyway"
-        );
-    }
-    tracing::info!("agent stopped");
+    agent.stop().await;
     Ok(())
 }
+
+/// A running agent.
+pub struct Agent {
+    cfg: AgentConfig,
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+    requests: TaskTracker,
+    background: TaskTracker,
+    stop_workers: CancellationToken,
+    stop_background: CancellationToken,
+    port: Shutdown,
+    set_phase: Arc<watch::Sender<Phase>>,
+    registration: Option<JoinHandle<()>>,
+}
+
+/// How a stop went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Requests still in flight when `shutdown_grace` ran out (dropped).
+    pub requests_dropped: u64,
+    /// Tasks still running when the agent gave up waiting (0 normally).
+    pub tasks_left: usize,
+}
+
+impl Agent {
+    /// The worker pool.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The agent's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Where the OIP port listens.
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// Where the admin port listens.
+    pub fn admin_listen(&self) -> SocketAddr {
+        self.admin_listen
+    }
+
+    /// Binds, starts supervisors and servers; serves until [`Agent::stop`].
+    pub async fn start(cfg: AgentConfig, launcher: Arc<dyn Launcher>) -> Result<Self, RunError> {
+        let started = Instant::now();
+        let bind = |addr, what| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Bind { addr, what, source })
+        };
+        let oip_listener = bind(cfg.listen, "OIP gRPC").await?;
+        let admin_listener = bind(cfg.admin_listen, "admin").await?;
+        let (listen, admin_listen) = (
+            oip_listener.local_addr().unwrap_or(cfg.listen),
+            admin_listener.local_addr().unwrap_or(cfg.admin_listen),
+        );
+        let requests = TaskTracker::new();
+        let background = TaskTracker::new();
+        let stop_workers = CancellationToken::new();
+        let stop_background = CancellationToken::new();
+        let port = Shutdown {
+            graceful: CancellationToken::new(),
+            hard: CancellationToken::new(),
+        };
+
+        let (workers, drivers): (Vec<_>, Vec<_>) = cfg
+            .workers
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, spec)| Worker::new(spec, i))
+            .unzip();
+        let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
+        let metrics = Arc::new(Metrics::new());
+        let patterns = Arc::new(cfg.fault_patterns.clone());
+        let gpus = open_gpu_telemetry(&cfg);
+        let rdma = crate::rdma::open(cfg.rdma)
+            .await
+            .map_err(RunError::Rdma)?
+            .map(|engine| Arc::new(RdmaPeers::new(engine, cfg.max_message_bytes)));
+        if cfg.admin_token.is_none() {
+            tracing::info!(
+                "no admin token file: mutating admin calls (drain, restart, ...) are refused"
+            );
+        }
+        let ctx = Context {
+            health: Arc::new(cfg.health.clone()),
+            pool: Arc::clone(&pool),
+            metrics: Arc::clone(&metrics),
+            max_message_bytes: cfg.max_message_bytes,
+            patterns: Arc::clone(&patterns),
+            sentinel: cfg.sentinel.clone(),
+            probe_interval: cfg.probe_interval,
+            probe_timeout: cfg.probe_timeout,
+            launcher,
+            tasks: background.clone(),
+        };
+        // Seeds only the backoff jitter; different per agent start and per worker.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        for (i, (w, d)) in pool.workers().iter().zip(drivers).enumerate() {
+            background.spawn(supervisor::supervise(
+                Arc::clone(w),
+                d,
+                ctx.clone(),
+                seed ^ i as u64,
+                stop_workers.clone(),
+            ));
+        }
+        {
+            let watch = gpu::watch(
+                Arc::clone(&gpus),
+                XidClassifier::new(cfg.xid_policy.clone()),
+                Arc::clone(&pool),
+                Arc::clone(&metrics),
+            );
+            let stop = stop_background.clone();
+            background.spawn(async move {
+                tokio::select! {
+                    _ = watch => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
+        let (set_phase, phase_rx) = watch::channel(Phase::Serving);
+        let set_phase = Arc::new(set_phase);
+        let registration = cfg.registry.clone().map(|rcfg| {
+            let advertised = Advertised {
+                node_id: cfg.node_id.clone(),
+                grpc: cfg.advertise.clone(),
+                admin: admin_listen.to_string(),
+                score: cfg.weight,
+                gpus: Arc::clone(&gpus),
+                pool: Arc::clone(&pool),
+                rdma: rdma.as_ref().map(|r| r.kind().to_string()),
+            };
+            background.spawn(registry::run(rcfg, advertised, phase_rx))
+        });
+
+        let shm = ShmState::new(ShmRegistry::default(), pool.workers().len());
+        let on_close: OnClose = {
+            let (shm, pool, rdma, tasks) = (
+                shm.clone(),
+                Arc::clone(&pool),
+                rdma.clone(),
+                background.clone(),
+            );
+            Arc::new(move |owner| {
+                shm.registry().drop_owner(owner);
+                if let Some(rdma) = &rdma {
+                    rdma.drop_owner(owner);
+                }
+                // Regions passed through to workers go too.
+                let (pool, shm) = (Arc::clone(&pool), shm.clone());
+                tasks.spawn(async move { shm::forget_on_workers(&pool, &shm, owner, None).await });
+            })
+        };
+        let front = Front::new(
+            Arc::clone(&pool),
+            Arc::clone(&metrics),
+            Arc::clone(&patterns),
+            shm,
+            requests.clone(),
+        )
+        .with_rdma(rdma.clone());
+        let oip = {
+            let service = |limit| {
+                GrpcInferenceServiceServer::new(front.clone())
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(cfg.max_message_bytes)
+            };
+            let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES));
+            if let Some(r) = &rdma {
+                calls = calls.add_service(RdmaServer::new(RdmaService::new(Arc::clone(r))));
+            }
+            let l = &cfg.limits;
+            Oip {
+                infer: InferPath::new(
+                    Arc::clone(&pool),
+                    Arc::clone(&metrics),
+                    Arc::clone(&patterns),
+                    front.clone(),
+                    BodyLimits {
+                        max_message_bytes: cfg.max_message_bytes,
+                        receive_budget_bytes: l.receive_budget_bytes,
+                        read_timeout: l.read_timeout,
+                    },
+                ),
+                streams: Routes::new(service(cfg.max_message_bytes)).prepare(),
+                calls: calls.prepare(),
+                pool: Arc::clone(&pool),
+                call_timeout: l.call_timeout,
+            }
+        };
+        let fd_limit = raise_fd_limit();
+        let l = &cfg.limits;
+        let server_limits = ServerLimits {
+            max_connections: l.connections_within(fd_limit),
+            max_concurrent_streams: l.max_concurrent_streams,
+            stream_window: limits::STREAM_WINDOW,
+            connection_window: limits::CONNECTION_WINDOW,
+            max_header_list_size: limits::MAX_HEADER_LIST_SIZE,
+            handshake_timeout: l.handshake_timeout,
+            idle_timeout: l.idle_timeout,
+            keepalive_interval: l.keepalive_interval,
+            keepalive_timeout: l.keepalive_timeout,
+        };
+        if server_limits.max_connections < l.max_connections {
+            tracing::warn!(
+                fd_limit,
+                max_connections = server_limits.max_connections,
+                "open-file limit lowers the connection limit (raise `ulimit -n` for more)"
+            );
+        }
+        requests.spawn(server::serve(
+            oip_listener,
+            oip,
+            server_limits,
+            on_close,
+            port.clone(),
+            requests.clone(),
+        ));
+        {
+            let state = AdminState {
+                node_id: cfg.node_id.clone(),
+                pool: Arc::clone(&pool),
+                metrics: Arc::clone(&metrics),
+                started,
+                gpus: Arc::clone(&gpus),
+                token: cfg.admin_token.clone(),
+                phase: Arc::clone(&set_phase),
+            };
+            let stop = stop_background.clone();
+            background.spawn(async move {
+                let served = axum::serve(admin_listener, admin::router(state))
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "admin server failed");
+                }
+            });
+        }
+        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, workers = cfg.workers.len(), "agent serving");
+        Ok(Agent {
+            cfg,
+            pool,
+            metrics,
+            listen,
+            admin_listen,
+            requests,
+            background,
+            stop_workers,
+            stop_background,
+            port,
+            set_phase,
+            registration,
+        })
+    }
+
+    /// Shuts down in order (see the module docs) and returns how it went.
+    pub async fn stop(self) -> Stopped {
+        let Agent {
+            cfg,
+            pool,
+            requests,
+            background,
+            stop_workers,
+            stop_background,
+            port,
+            set_phase,
+            registration,
+            ..
+        } = self;
+        let mut stopped = Stopped {
+            requests_dropped: 0,
+            tasks_left: 0,
+        };
+        // 1–2: advertise draining, keep serving for drain_delay.
+        tracing::info!(drain_delay = ?cfg.drain_delay, in_flight = pool.load().in_flight, "shutting down: advertising draining");
+        pool.set_stopping();
+        let _ = set_phase.send(Phase::Draining);
+        tokio::time::sleep(cfg.drain_delay).await;
+        // 3: stop accepting; finish in-flight requests within shutdown_grace.
+        tracing::info!(grace = ?cfg.shutdown_grace, in_flight = pool.load().in_flight, "no longer accepting connections; finishing in-flight requests");
+        port.graceful.cancel();
+        requests.close();
+        if tokio::time::timeout(cfg.shutdown_grace, requests.wait())
+            .await
+            .is_err()
+        {
+            stopped.requests_dropped = pool.load().in_flight;
+            tracing::warn!(
+                left = stopped.requests_dropped,
+                "shutdown grace ran out; dropping requests still in flight"
+            );
+            port.hard.cancel();
+            pool.close();
+            requests.wait().await;
+        } else {
+            tracing::info!("in-flight requests finished");
+        }
+        pool.close();
+        // 4: deregister, stop workers and everything else.
+        let _ = set_phase.send(Phase::Gone);
+        if let Some(r) = registration {
+            if tokio::time::timeout(DEREGISTER_WAIT, r).await.is_err() {
+                tracing::warn!(
+                    "registry did not confirm the deregistration in 3 s; the record goes with the session"
+                );
+            }
+        }
+        stop_workers.cancel();
+        stop_background.cancel();
+        background.close();
+        let longest_stop = cfg
+            .workers
+            .iter()
+            .map(|w| w.stop_grace)
+            .max()
+            .unwrap_or_default();
+        if tokio::time::timeout(longest_stop + BACKGROUND_WAIT, background.wait())
+            .await
+            .is_err()
+        {
+            stopped.tasks_left = background.len();
+            tracing::error!(
+                tasks = stopped.tasks_left,
+                "background tasks did not end in time; exiting anyway"
+            );
+        }
+        tracing::info!("agent stopped");
+        stopped
+    }
+}
+
+#[cfg(test)]
+mod tests;

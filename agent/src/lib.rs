@@ -65,5 +65,8 @@ pub mod trailer;
 pub mod upstream;
 pub mod worker_log;
 
-pub use agent::{RunError, run, run_with};
+#[cfg(test)]
+mod testing;
+
+pub use agent::{Agent, RunError, Stopped, run, run_with};
 pub use config::{AgentConfig, ConfigError, RawConfig, RawWorker};

@@ -772,3 +772,6 @@ async fn live(models: &[String], mut client: GrpcInferenceServiceClient<Channel>
     }
     true
 }
+
+#[cfg(test)]
+mod tests;
