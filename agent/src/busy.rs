@@ -15,13 +15,18 @@ const BUCKETS: usize = (WINDOW.as_millis() / BUCKET.as_millis()) as usize;
 /// Busy time is accumulated into a ring of 100 buckets of 100 ms, so every
 /// call is O(1) in the request rate (a list of busy intervals would grow to
 /// one entry per request at low concurrency). The window edge is therefore
-/// accurate to one bucket (1% of the window).
+/// accurate to one bucket (1% of the window). The sum over the window is
+/// kept up to date as buckets are added and age out, so the ratio (asked
+/// for on every response) costs O(1) too.
 #[derive(Debug)]
 pub struct BusyWindow {
     origin: Option<Instant>,
     open_since: Option<Instant>,
     /// `(bucket index since origin, busy time in it)`.
     buckets: [(u64, Duration); BUCKETS],
+    /// Sum of the buckets within the window ending at bucket `as_of`.
+    total: Duration,
+    as_of: u64,
 }
 
 impl Default for BusyWindow {
@@ -30,6 +35,8 @@ impl Default for BusyWindow {
             origin: None,
             open_since: None,
             buckets: [(u64::MAX, Duration::ZERO); BUCKETS],
+            total: Duration::ZERO,
+            as_of: 0,
         }
     }
 }
@@ -55,13 +62,8 @@ impl BusyWindow {
         let Some(origin) = self.origin else {
             return 0.0;
         };
-        let current = bucket_index(origin, now);
-        let mut busy: Duration = self
-            .buckets
-            .iter()
-            .filter(|(i, _)| *i != u64::MAX && *i <= current && current - i < BUCKETS as u64)
-            .map(|(_, d)| *d)
-            .sum();
+        self.advance(bucket_index(origin, now));
+        let mut busy = self.total;
         if let Some(start) = self.open_since {
             let from = now.checked_sub(WINDOW).map_or(start, |f| start.max(f));
             busy += now.saturating_duration_since(from);
@@ -69,19 +71,53 @@ impl BusyWindow {
         (busy.as_secs_f64() / WINDOW.as_secs_f64()).clamp(0.0, 1.0)
     }
 
+    /// Moves the window's end to bucket `to`: buckets that fall out of it
+    /// (indices at or below `to - BUCKETS`) leave the total.
+    fn advance(&mut self, to: u64) {
+        if to <= self.as_of {
+            return;
+        }
+        let n = BUCKETS as u64;
+        if to - self.as_of >= n {
+            self.total = Duration::ZERO;
+        } else {
+            // Leaving: (as_of - n, to - n].
+            for leaving in (self.as_of + 1)..=to {
+                let Some(index) = leaving.checked_sub(n) else {
+                    continue;
+                };
+                let slot = &self.buckets[(index % n) as usize];
+                if slot.0 == index {
+                    self.total = self.total.saturating_sub(slot.1);
+                }
+            }
+        }
+        self.as_of = to;
+    }
+
+    /// Whether bucket `index` is within the window ending at `as_of`.
+    fn in_window(&self, index: u64) -> bool {
+        index <= self.as_of && self.as_of - index < BUCKETS as u64
+    }
+
     /// Adds the busy interval `[from, to)` to the buckets it covers.
     fn add(&mut self, from: Instant, to: Instant) {
         let origin = *self.origin.get_or_insert(from);
+        self.advance(bucket_index(origin, to));
         let mut t = to.checked_sub(WINDOW).map_or(from, |edge| from.max(edge));
         while t < to {
             let i = bucket_index(origin, t);
             let bucket_end = origin + BUCKET * (i as u32 + 1);
             let end = bucket_end.min(to);
-            let slot = &mut self.buckets[(i % BUCKETS as u64) as usize];
-            if slot.0 != i {
-                *slot = (i, Duration::ZERO);
+            if self.in_window(i) {
+                let slot = &mut self.buckets[(i % BUCKETS as u64) as usize];
+                if slot.0 != i {
+                    *slot = (i, Duration::ZERO);
+                }
+                let d = end.saturating_duration_since(t);
+                slot.1 += d;
+                self.total += d;
             }
-            slot.1 += end.saturating_duration_since(t);
             t = end;
         }
     }
@@ -108,6 +144,36 @@ mod tests {
         }
         // Busy half the time over the last 10 s.
         assert!((w.ratio(t) - 0.5).abs() < 0.011, "{}", w.ratio(t));
+    }
+
+    #[test]
+    fn the_running_total_equals_a_fresh_sum() {
+        // Irregular busy spells over a minute, checked against a sum
+        // recomputed from the buckets after every step.
+        let t0 = Instant::now();
+        let mut w = BusyWindow::default();
+        let mut t = t0;
+        let mut seed = 1u64;
+        for _ in 0..5_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let busy = Duration::from_micros(seed % 40_000);
+            let idle = Duration::from_micros((seed >> 20) % 30_000);
+            w.start(t);
+            t += busy;
+            w.stop(t);
+            t += idle;
+            let ratio = w.ratio(t);
+            let fresh: Duration = w
+                .buckets
+                .iter()
+                .filter(|(i, _)| w.in_window(*i))
+                .map(|(_, d)| *d)
+                .sum();
+            assert_eq!(w.total, fresh);
+            assert!((0.0..=1.0).contains(&ratio));
+        }
     }
 
     #[test]

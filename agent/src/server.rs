@@ -1,9 +1,14 @@
 //! The OIP port: accepting connections, serving HTTP/2 on them, routing
 //! each request.
 //!
-//! The agent runs its own accept loop on hyper rather than tonic's server so
-//! that every resource a client can take is bounded and every task is
-//! tracked:
+//! The agent runs its own accept loop and serves HTTP/2 with the `h2` crate
+//! directly, rather than through tonic's server and hyper, so that every
+//! resource a client can take is bounded, every task is tracked, and the
+//! hop stays lean: a connection's requests run inside the connection's own
+//! task (no task per request, no wake-up to reach the socket), and a
+//! response's headers, data and trailers leave in one write (hyper's body
+//! pipe waits for stream capacity through the connection task first, which
+//! costs a second write per response; see docs/DECISIONS.md):
 //!
 //! - **connections**: at most `max_connections` at once (by default well
 //!   below the process's file-descriptor limit, leaving room for worker
@@ -23,16 +28,22 @@
 //! [`crate::front::Front`], the RDMA queue-pair exchange), whose responses get
 //! the load report in their trailers too.
 
-use std::convert::Infallible;
-use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use h2::RecvStream;
+use h2::SendStream;
+use h2::server::SendResponse;
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use http_body::{Body, Frame};
 use infermesh_backoff::{Backoff, BackoffPolicy};
+use tokio::io::BufWriter;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -161,7 +172,6 @@ pub async fn serve(
             oip.clone(),
             limits,
             shutdown.clone(),
-            tasks.clone(),
             permit,
             Arc::clone(&on_close),
         );
@@ -178,19 +188,66 @@ fn rand_seed() -> rand::rngs::SmallRng {
     rand::rngs::SmallRng::seed_from_u64(nanos)
 }
 
-/// Spawns hyper's per-stream tasks on the tracker.
-#[derive(Clone)]
-struct TrackedExec(TaskTracker);
+/// Bytes of frames gathered into one write: a full 16 KiB DATA frame and
+/// what precedes it. See [`Gathering`].
+const WRITE_BUFFER: usize = 17 << 10;
 
-impl<F> hyper::rt::Executor<F> for TrackedExec
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        self.0.spawn(fut);
+pin_project_lite::pin_project! {
+    /// The connection as `h2` sees it: written through a buffer that `h2`'s
+    /// flush empties, and not vectored. `h2` queues a DATA payload too big
+    /// to copy as a separate buffer and must write it before it can queue
+    /// the next frame, so a small response (headers, data, trailers) would
+    /// take two writes; on a non-vectored transport `h2` copies payloads up
+    /// to 1 KiB instead (256 bytes when vectored), and the buffer here
+    /// merges larger payloads with their frame headers. `h2` flushes at the
+    /// end of every write cycle, so nothing waits in the buffer.
+    struct Gathering<T> {
+        #[pin]
+        inner: T,
     }
 }
+
+#[allow(non_snake_case)]
+fn Gathering<T>(inner: T) -> Gathering<T> {
+    Gathering { inner }
+}
+
+impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for Gathering<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for Gathering<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+/// Response bytes a stream may send ahead of its flow-control window (h2
+/// buffers them): small responses then leave with their headers in one
+/// write; beyond it, each chunk waits for window.
+const EAGER_BYTES: usize = 64 << 10;
 
 #[allow(clippy::too_many_arguments)]
 async fn connection(
@@ -199,80 +256,220 @@ async fn connection(
     oip: Oip,
     limits: ServerLimits,
     shutdown: Shutdown,
-    tasks: TaskTracker,
     _permit: OwnedSemaphorePermit,
     on_close: OnClose,
+) {
+    let id = info.id;
+    serve_connection(tcp, info, oip, limits, shutdown).await;
+    on_close(id);
+}
+
+async fn serve_connection(
+    tcp: TcpStream,
+    info: ConnInfo,
+    oip: Oip,
+    limits: ServerLimits,
+    shutdown: Shutdown,
 ) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
     let id = info.id;
-    let opened = Instant::now();
-    let last_request = Arc::new(AtomicU64::new(0));
-    let service = {
-        let (last_request, hard) = (Arc::clone(&last_request), shutdown.hard.clone());
-        hyper::service::service_fn(move |mut req: Request<Incoming>| {
-            last_request.store(opened.elapsed().as_millis() as u64, Ordering::Relaxed);
-            req.extensions_mut().insert(info.clone());
-            let (oip, hard) = (oip.clone(), hard.clone());
-            async move {
-                let resp = tokio::select! {
-                    r = oip.route(req) => r,
-                    _ = hard.cancelled() => status_response(
-                        Status::unavailable("the agent is stopping"),
-                        &oip.pool,
-                    ),
-                };
-                Ok::<_, Infallible>(resp)
-            }
-        })
-    };
-    let mut builder = hyper::server::conn::http2::Builder::new(TrackedExec(tasks));
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(limits.stream_window)
+    let handshake = h2::server::Builder::new()
+        .initial_window_size(limits.stream_window)
         .initial_connection_window_size(limits.connection_window)
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_header_list_size(limits.max_header_list_size)
-        .keep_alive_interval(limits.keepalive_interval)
-        .keep_alive_timeout(limits.keepalive_timeout)
-        .auto_date_header(false);
-    let io = TokioIo::new(FirstByteDeadline::new(tcp, limits.handshake_timeout));
-    let conn = builder.serve_connection(io, service);
-    tokio::pin!(conn);
+        .max_pending_accept_reset_streams(MAX_PENDING_RESETS)
+        .handshake::<_, Bytes>(Gathering(BufWriter::with_capacity(
+            WRITE_BUFFER,
+            FirstByteDeadline::new(tcp, limits.handshake_timeout),
+        )));
+    let mut conn = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(conn = id, error = %e, "HTTP/2 handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(conn = id, "HTTP/2 handshake timed out");
+            return;
+        }
+    };
+    let mut ping = conn.ping_pong();
+    let opened = Instant::now();
+    let mut last_request = Instant::now();
+    let mut requests = FuturesUnordered::new();
     let mut closing = false;
+    let mut next_ping = Instant::now() + limits.keepalive_interval;
     loop {
-        let idle_at =
-            Duration::from_millis(last_request.load(Ordering::Relaxed)) + limits.idle_timeout;
+        let idle_at = last_request + limits.idle_timeout;
         tokio::select! {
-            result = &mut conn => {
-                if let Err(e) = result {
-                    tracing::debug!(conn = id, error = %e, "connection ended");
+            accepted = conn.accept() => match accepted {
+                Some(Ok((req, respond))) => {
+                    last_request = Instant::now();
+                    requests.push(handle(oip.clone(), info.clone(), req, respond, shutdown.hard.clone()));
                 }
-                break;
-            }
+                Some(Err(e)) => {
+                    tracing::debug!(conn = id, error = %e, "connection ended");
+                    break;
+                }
+                None => break,
+            },
+            Some(()) = requests.next(), if !requests.is_empty() => {}
             _ = shutdown.graceful.cancelled(), if !closing => {
-                conn.as_mut().graceful_shutdown();
+                conn.graceful_shutdown();
                 closing = true;
             }
             _ = shutdown.hard.cancelled() => break,
-            _ = tokio::time::sleep_until((opened + idle_at).into()), if !closing => {
-                // A request may have started while we slept.
-                let last = Duration::from_millis(last_request.load(Ordering::Relaxed));
-                if opened.elapsed() >= last + limits.idle_timeout {
-                    tracing::debug!(conn = id, idle = ?limits.idle_timeout, "closing an idle connection");
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
+            _ = tokio::time::sleep_until(idle_at.into()), if !closing && requests.is_empty() => {
+                tracing::debug!(conn = id, idle = ?limits.idle_timeout, "closing an idle connection");
+                conn.graceful_shutdown();
+                closing = true;
+            }
+            alive = keepalive(&mut ping, next_ping, limits.keepalive_timeout) => {
+                if !alive {
+                    tracing::debug!(conn = id, "peer did not answer a ping; closing");
+                    break;
                 }
+                next_ping = Instant::now() + limits.keepalive_interval;
             }
         }
     }
-    on_close(id);
+    tracing::trace!(conn = id, open_for = ?opened.elapsed(), "connection closed");
+}
+
+/// Most streams a client may reset before the agent has accepted them
+/// (the "rapid reset" attack) before the connection is closed.
+const MAX_PENDING_RESETS: usize = 64;
+
+/// At `at`, pings the peer; true if it answered within `timeout`.
+async fn keepalive(ping: &mut Option<h2::PingPong>, at: Instant, timeout: Duration) -> bool {
+    let Some(p) = ping.as_mut() else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep_until(at.into()).await;
+    matches!(
+        tokio::time::timeout(timeout, p.ping(h2::Ping::opaque())).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Serves one request on its stream: routes it, sends the response.
+async fn handle(
+    oip: Oip,
+    info: ConnInfo,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    hard: CancellationToken,
+) {
+    let mut req = req.map(RequestBody);
+    req.extensions_mut().insert(info);
+    let resp = tokio::select! {
+        r = oip.route(req) => r,
+        _ = hard.cancelled() => status_response(
+            Status::unavailable("the agent is stopping"),
+            &oip.pool,
+        ),
+    };
+    let (head, body) = resp.into_parts();
+    let end = body.is_end_stream();
+    let Ok(send) = respond.send_response(Response::from_parts(head, ()), end) else {
+        return;
+    };
+    if !end {
+        pipe(body, send).await;
+    }
+}
+
+/// Sends `body` on `send`: data within the flow-control window (after the
+/// first [`EAGER_BYTES`]), then trailers.
+async fn pipe(mut body: FrontBody, mut send: SendStream<Bytes>) {
+    let mut eager = EAGER_BYTES;
+    loop {
+        let frame = std::future::poll_fn(|cx| {
+            if send.poll_reset(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Pin::new(&mut body).poll_frame(cx)
+        })
+        .await;
+        let frame = match frame {
+            None => {
+                let _ = send.send_data(Bytes::new(), true);
+                return;
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "response body failed");
+                send.send_reset(h2::Reason::INTERNAL_ERROR);
+                return;
+            }
+            Some(Ok(frame)) => frame,
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                let len = data.len();
+                if len > eager {
+                    send.reserve_capacity(len);
+                    while send.capacity() < len {
+                        match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                            Some(Ok(_)) => {}
+                            _ => return,
+                        }
+                    }
+                } else {
+                    eager -= len;
+                }
+                if send.send_data(data, false).is_err() {
+                    return;
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    let _ = send.send_trailers(trailers);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// A request body read from its h2 stream, giving flow-control window back
+/// as it is read.
+pub struct RequestBody(RecvStream);
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let recv = &mut self.0;
+        match ready!(recv.poll_data(cx)) {
+            Some(Ok(data)) => {
+                let _ = recv.flow_control().release_capacity(data.len());
+                return Poll::Ready(Some(Ok(Frame::data(data))));
+            }
+            Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+            None => {}
+        }
+        Poll::Ready(match ready!(recv.poll_trailers(cx)) {
+            Ok(Some(t)) => Some(Ok(Frame::trailers(t))),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
 }
 
 impl Oip {
     /// Answers one request.
-    pub async fn route(&self, req: Request<Incoming>) -> Response<FrontBody> {
+    pub async fn route(&self, req: Request<RequestBody>) -> Response<FrontBody> {
         match req.uri().path() {
             MODEL_INFER_PATH => self.infer.call(req).await,
             MODEL_STREAM_INFER_PATH => self.tonic(self.streams.clone(), req).await,
@@ -289,7 +486,7 @@ impl Oip {
         }
     }
 
-    async fn tonic(&self, routes: Routes, req: Request<Incoming>) -> Response<FrontBody> {
+    async fn tonic(&self, routes: Routes, req: Request<RequestBody>) -> Response<FrontBody> {
         let resp = match routes.oneshot(req).await {
             Ok(r) => r,
             Err(never) => match never {},

@@ -33,8 +33,21 @@ pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     };
     put(INFLIGHT_KEY, format_args!("{}", report.in_flight));
     put(QUEUE_KEY, format_args!("{}", report.queued));
-    put(BUSY_KEY, format_args!("{:.3}", report.busy_ratio));
-    put(WEIGHT_KEY, format_args!("{:.3}", report.weight));
+    let (whole, thousandths) = milli(report.busy_ratio);
+    put(BUSY_KEY, format_args!("{whole}.{thousandths:03}"));
+    let (whole, thousandths) = milli(report.weight);
+    put(WEIGHT_KEY, format_args!("{whole}.{thousandths:03}"));
+}
+
+/// `x` (finite, non-negative) rounded to thousandths, as whole and
+/// thousandths: formatting `{:.3}` takes std's slow exact path per response.
+fn milli(x: f64) -> (u64, u64) {
+    let m = if x.is_finite() && x > 0.0 {
+        (x * 1000.0).round().min(u64::MAX as f64) as u64
+    } else {
+        0
+    };
+    (m / 1000, m % 1000)
 }
 
 /// Adds the pool's current report to `map`.
@@ -121,6 +134,15 @@ impl Body for FrontBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_point_formatting_matches_three_decimals() {
+        for x in [0.0, 0.0004, 0.0005, 0.25, 0.9995, 1.0, 2.5, 123.4567] {
+            let (w, t) = milli(x);
+            assert_eq!(format!("{w}.{t:03}"), format!("{x:.3}"), "{x}");
+        }
+        assert_eq!(milli(f64::NAN), (0, 0));
+    }
 
     #[test]
     fn report_round_trips_through_metadata() {

@@ -82,10 +82,17 @@ pub fn main(args: AgentArgs) -> i32 {
         );
         return exit::OK;
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = cfg.threads {
-        builder.worker_threads(n);
-    }
+    // One thread: a current-thread runtime, which needs no work stealing,
+    // no cross-thread wake-ups and no parking of idle workers.
+    let mut builder = match cfg.threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     let runtime = builder.enable_all().build().expect("tokio runtime");
     match runtime.block_on(infermesh_agent::run(cfg, shutdown_signal())) {
         Ok(()) => exit::OK,
