@@ -28,7 +28,7 @@ use infermesh_proto::inference::{ModelInferRequest, ModelStreamInferResponse};
 use infermesh_proto::tensor::validate_request;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -48,58 +48,82 @@ const FINAL_RESPONSE_PARAM: &str = "triton_final_response";
 /// A request in flight on the stream: its permit, and where its outputs
 /// go when the agent copies them.
 struct InFlight {
-    _lease: Lease,
+    lease: Lease,
     outputs: Option<shm::Prepared>,
 }
 
 type Pending = Arc<Mutex<VecDeque<InFlight>>>;
 
-/// Serves one `ModelStreamInfer` call of `front`.
+/// Serves one `ModelStreamInfer` call of `front`. The response headers go
+/// out at once (clients may wait for them before sending anything); a
+/// driver task then admits requests and forwards responses.
 pub async fn serve(
     front: Front,
     req: Request<Streaming<ModelInferRequest>>,
 ) -> Result<Response<BoxStream<ModelStreamInferResponse>>, Status> {
     let deadline = request_timeout(req.metadata()).map(|t| Instant::now() + t);
     let owner = conn::owner(&req);
-    let mut incoming = req.into_inner();
-    let Some(mut first) = incoming.message().await.map_err(oversize)? else {
-        return Ok(Response::new(Box::pin(tokio_stream::empty())));
+    let incoming = req.into_inner();
+    let (out, out_rx) = mpsc::channel(FORWARD_BUFFER);
+    let tasks = front.tasks.clone();
+    tasks.spawn(drive(front, owner, deadline, incoming, out));
+    Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+}
+
+type Out = mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+
+/// The next request of the stream; `None` when the client is done or its
+/// stream failed (the failure is answered in the stream).
+async fn next(incoming: &mut Streaming<ModelInferRequest>, out: &Out) -> Option<ModelInferRequest> {
+    match incoming.message().await {
+        Ok(m) => m,
+        Err(s) => {
+            let _ = out.send(Ok(in_stream_error(&oversize(s)))).await;
+            None
+        }
+    }
+}
+
+/// Runs one stream: the first admitted request picks the worker; a reader
+/// admits the later ones pinned to it while this task forwards the
+/// worker's responses.
+async fn drive(
+    front: Front,
+    owner: u64,
+    deadline: Option<Instant>,
+    mut incoming: Streaming<ModelInferRequest>,
+    out: Out,
+) {
+    let (first, in_flight) = loop {
+        let Some(msg) = next(&mut incoming, &out).await else {
+            return;
+        };
+        match admit(&front, owner, None, deadline, msg).await {
+            Ok(admitted) => break admitted,
+            Err(s) => {
+                if out.send(Ok(in_stream_error(&s))).await.is_err() {
+                    return;
+                }
+            }
+        }
     };
-    let (model, _) = front
-        .pool
-        .models()
-        .lookup(&first.model_name)
-        .ok_or_else(|| front.pool.unavailable_reason(&first.model_name))?;
-    let lease = front.pool.acquire(model, None, deadline).await?;
-    let worker = Arc::clone(lease.worker());
-    let process = Arc::clone(lease.process());
-    let pending: Pending = Arc::default();
-    let outputs = prepare(&front, owner, &lease, &mut first).await?;
-    pending
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push_back(InFlight {
-            _lease: lease,
-            outputs,
-        });
+    let worker = Arc::clone(in_flight.lease.worker());
+    let process = Arc::clone(in_flight.lease.process());
+    let pending: Pending = Arc::new(Mutex::new(VecDeque::from([in_flight])));
     let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
-    tx.send(first)
-        .await
-        .map_err(|_| Status::internal("stream closed"))?;
-    let (errors, error_rx) = mpsc::unbounded_channel();
-    {
-        let (front, pending, worker) = (front.clone(), Arc::clone(&pending), Arc::clone(&worker));
+    if tx.send(first).await.is_err() {
+        return;
+    }
+    let reader = {
+        let (front, pending, out, index) = (
+            front.clone(),
+            Arc::clone(&pending),
+            out.clone(),
+            worker.index,
+        );
         front.tasks.clone().spawn(async move {
-            loop {
-                let msg = match incoming.message().await {
-                    Ok(Some(m)) => m,
-                    Ok(None) => break,
-                    Err(s) => {
-                        let _ = errors.send(in_stream_error(&oversize(s)));
-                        break;
-                    }
-                };
-                match admit(&front, owner, worker.index, deadline, msg).await {
+            while let Some(msg) = next(&mut incoming, &out).await {
+                match admit(&front, owner, Some(index), deadline, msg).await {
                     Ok((msg, in_flight)) => {
                         pending
                             .lock()
@@ -110,23 +134,44 @@ pub async fn serve(
                         }
                     }
                     Err(s) => {
-                        let _ = errors.send(in_stream_error(&s));
+                        if out.send(Ok(in_stream_error(&s))).await.is_err() {
+                            break;
+                        }
                     }
                 }
             }
-        });
-    }
-    let mut client = process.client.clone();
-    let upstream = client
+        })
+    };
+    // The reader ends with this task: its permits and requests belong to
+    // an upstream call that is gone.
+    let _reader = tokio_util::task::AbortOnDropHandle::new(reader);
+    let mut upstream = match process
+        .client
+        .clone()
         .model_stream_infer(ReceiverStream::new(rx))
         .await
-        .map_err(|s| worker_status(&worker, s))?
-        .into_inner();
-    let (shm_state, answered) = (front.shm.clone(), Arc::clone(&pending));
-    let responses = upstream.map(move |item| {
-        let mut resp = item.map_err(|s| worker_status(&worker, s))?;
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            let _ = out.send(Err(worker_status(&worker, s))).await;
+            return;
+        }
+    };
+    loop {
+        let item = tokio::select! {
+            item = upstream.next() => item,
+            () = out.closed() => return,
+        };
+        let Some(item) = item else { return };
+        let mut resp = match item {
+            Ok(r) => r,
+            Err(s) => {
+                let _ = out.send(Err(worker_status(&worker, s))).await;
+                return;
+            }
+        };
         if is_final(&resp) {
-            let done = answered
+            let done = pending
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop_front();
@@ -137,23 +182,24 @@ pub async fn serve(
                 Some(r),
             ) = (done, resp.infer_response.as_mut())
             {
-                if let Err(s) = shm::finish(&shm_state, owner, p, r) {
+                if let Err(s) = shm::finish(&front.shm, owner, p, r) {
                     resp = in_stream_error(&s);
                 }
             }
         }
-        Ok(resp)
-    });
-    let errors = UnboundedReceiverStream::new(error_rx).map(Ok);
-    Ok(Response::new(Box::pin(responses.merge(errors))))
+        if out.send(Ok(resp)).await.is_err() {
+            return;
+        }
+    }
 }
 
-/// Checks one later request of the stream and takes its permit on the
-/// stream's worker.
+/// Checks one request of the stream and takes its permit: on any worker
+/// serving its model for the first request, on the stream's `worker` for
+/// the later ones.
 async fn admit(
     front: &Front,
     owner: u64,
-    worker: usize,
+    worker: Option<usize>,
     deadline: Option<Instant>,
     mut msg: ModelInferRequest,
 ) -> Result<(ModelInferRequest, InFlight), Status> {
@@ -166,15 +212,9 @@ async fn admit(
         let meta = meta.ok_or_else(|| front.pool.unavailable_reason(&msg.model_name))?;
         validate_request(&msg, &meta).map_err(AgentError::from)?;
     }
-    let lease = front.pool.acquire(model, Some(worker), deadline).await?;
+    let lease = front.pool.acquire(model, worker, deadline).await?;
     let outputs = prepare(front, owner, &lease, &mut msg).await?;
-    Ok((
-        msg,
-        InFlight {
-            _lease: lease,
-            outputs,
-        },
-    ))
+    Ok((msg, InFlight { lease, outputs }))
 }
 
 /// Resolves a request's shared-memory references for the lease's worker;
