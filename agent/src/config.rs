@@ -749,6 +749,9 @@ mod tests {
         let cfg = AgentConfig::from_raw(raw).unwrap();
         assert!(!cfg.workers.is_empty());
         assert_eq!(cfg.health.checks.len(), 6);
+        // The example states the defaults of these sections: docs = code.
+        assert_eq!(cfg.limits, limits::Limits::default());
+        assert_eq!(cfg.drain_delay, DEFAULT_DRAIN_DELAY);
     }
 
     #[test]

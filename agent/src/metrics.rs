@@ -367,20 +367,8 @@ fn model_metrics(
 mod tests {
     use super::*;
 
-    #[test]
-    fn unknown_models_share_one_label_value() {
-        let metrics = Metrics::new();
-        let models = Models::default();
-        let dense = models.intern("dense").unwrap();
-        metrics
-            .model(Some(dense), &models)
-            .request(tonic::Code::Ok, Duration::from_millis(1));
-        for _ in 0..100 {
-            metrics
-                .model(None, &models)
-                .request(tonic::Code::NotFound, Duration::ZERO);
-        }
-        let (workers, _) = crate::state::Worker::new(
+    fn test_pool() -> std::sync::Arc<Pool> {
+        let (worker, _) = crate::state::Worker::new(
             crate::config::WorkerSpec {
                 id: "w0".into(),
                 command: "x".into(),
@@ -394,7 +382,85 @@ mod tests {
             },
             0,
         );
-        let text = metrics.render(&Pool::new(vec![workers], 1.0, 1));
+        Pool::new(vec![worker], 1.0, 1)
+    }
+
+    /// Every metric the docs name is one the agent exports, spelled alike.
+    #[test]
+    fn metrics_named_in_the_docs_exist() {
+        // Families without a sample are not rendered: record one of each.
+        let metrics = Metrics::new();
+        let models = Models::default();
+        metrics
+            .model(None, &models)
+            .request(tonic::Code::Ok, Duration::ZERO);
+        metrics.health_verdict(
+            "w0",
+            &infermesh_health::Verdict {
+                check: "live".into(),
+                model: String::new(),
+                pass: true,
+                reason: String::new(),
+                latency: Duration::ZERO,
+            },
+        );
+        metrics.worker_exited("w0");
+        metrics.worker_restarted("w0", "exit");
+        metrics.worker_fault("w0", "exit");
+        metrics.gpu_xid(0, 79, "restart_worker");
+        let text = metrics.render(&test_pool());
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        let exported = |name: &str| {
+            families
+                .iter()
+                .any(|f| name == *f || name.strip_prefix(f).is_some_and(|s| s == "_total"))
+        };
+        let docs = [
+            ("README.md", include_str!("../../README.md")),
+            ("docs/SENTINEL.md", include_str!("../../docs/SENTINEL.md")),
+            ("docs/DECISIONS.md", include_str!("../../docs/DECISIONS.md")),
+            ("BENCHMARKS.md", include_str!("../../BENCHMARKS.md")),
+        ];
+        for (doc, body) in docs {
+            let mut rest = body;
+            while let Some(at) = rest.find("infermesh_") {
+                let tail = &rest[at..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .unwrap_or(tail.len());
+                let (name, after) = tail.split_at(end);
+                rest = after;
+                // Crate paths (`infermesh_client::`) and request parameters
+                // (`infermesh_fault=`) are not metrics.
+                if after.starts_with("::") || after.starts_with('=') {
+                    continue;
+                }
+                assert!(
+                    exported(name),
+                    "{doc} names metric {name}, which the agent does not export (it does: {families:?})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_models_share_one_label_value() {
+        let metrics = Metrics::new();
+        let models = Models::default();
+        let dense = models.intern("dense").unwrap();
+        metrics
+            .model(Some(dense), &models)
+            .request(tonic::Code::Ok, Duration::from_millis(1));
+        for _ in 0..100 {
+            metrics
+                .model(None, &models)
+                .request(tonic::Code::NotFound, Duration::ZERO);
+        }
+        let text = metrics.render(&test_pool());
         assert!(
             text.contains(r#"infermesh_requests_total{model="dense",code="Ok"} 1"#),
             "{text}"
