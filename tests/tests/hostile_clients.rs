@@ -265,6 +265,7 @@ async fn idle_connections_cannot_starve_a_good_client_or_the_probes() {
         .await
         .unwrap();
     let fds_before = open_files(agent.pid());
+    let rss_before = rss_kib(agent.pid());
     // This test process needs room for its own 5000 sockets.
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
@@ -299,6 +300,12 @@ async fn idle_connections_cannot_starve_a_good_client_or_the_probes() {
         open_files(agent.pid()) < fds_before + 2010,
         "no more than max_connections accepted: {}",
         open_files(agent.pid()) - fds_before
+    );
+    eprintln!(
+        "idle connections: {} opened, agent holds {} fds (limit 2000), RSS {rss_before} -> {} KiB",
+        idle.len(),
+        open_files(agent.pid()) - fds_before,
+        rss_kib(agent.pid())
     );
     // The good client's connection keeps working, and so do the probes.
     for _ in 0..20 {
@@ -396,7 +403,13 @@ async fn stalled_huge_requests_are_refused_or_timed_out_and_memory_stays_bounded
     // 256 MiB of budget holds four 60 MiB declarations at a time.
     assert!(exhausted >= 490, "refused at once: {exhausted}");
     assert!(timed_out >= 1, "held ones time out: {timed_out}");
-    let grown_mib = rss_kib(agent.pid()).saturating_sub(rss_before) / 1024;
+    let rss_after = rss_kib(agent.pid());
+    // For docs/HARDENING.md (cargo test ... -- --nocapture).
+    eprintln!(
+        "stalled streams: {exhausted} RESOURCE_EXHAUSTED, {timed_out} DEADLINE_EXCEEDED, \
+         RSS {rss_before} -> {rss_after} KiB"
+    );
+    let grown_mib = rss_after.saturating_sub(rss_before) / 1024;
     assert!(grown_mib < 256, "RSS grew by {grown_mib} MiB");
     good.model_infer(dense::request(&input, true))
         .await
