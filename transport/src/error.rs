@@ -72,6 +72,16 @@ pub enum ShmError {
         /// Its length now.
         len: u64,
     },
+    /// A `pread`/`pwrite` on a client's object failed for a reason other
+    /// than truncation (`INTERNAL`).
+    #[error("cannot copy shared memory key '{key}': {source}")]
+    Copy {
+        /// The key.
+        key: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// Mapping the file failed (`INTERNAL`).
     #[error("cannot map shared memory key '{key}': {source}")]
     Map {
@@ -97,11 +107,22 @@ pub enum ShmError {
     /// Status asked for a region this owner has not registered (`NOT_FOUND`).
     #[error("unable to find system shared memory region '{0}'")]
     NotFound(String),
-    /// The owner already has the most regions allowed
+    /// The owner (client connection) already has the most regions allowed
     /// (`RESOURCE_EXHAUSTED`).
-    #[error("too many shared memory regions registered (limit {limit})")]
+    #[error(
+        "this connection already holds {limit} shared memory regions, the most allowed per connection (max_regions_per_connection); unregister one or send tensors inline"
+    )]
     TooManyRegions {
         /// Regions allowed per owner.
+        limit: usize,
+    },
+    /// The server already holds the most regions allowed over all
+    /// connections (`RESOURCE_EXHAUSTED`).
+    #[error(
+        "the server already holds {limit} shared memory regions, the most allowed over all connections (max_regions); try again later or send tensors inline"
+    )]
+    TooManyRegionsInAll {
+        /// Regions allowed in all.
         limit: usize,
     },
     /// A tensor names a region this owner has not registered
@@ -185,11 +206,12 @@ impl ShmError {
         let code = match self {
             ShmError::AlreadyExists(_) => Code::AlreadyExists,
             ShmError::NotFound(_) => Code::NotFound,
-            ShmError::TooManyRegions { .. } | ShmError::PoolExhausted { .. } => {
-                Code::ResourceExhausted
-            }
+            ShmError::TooManyRegions { .. }
+            | ShmError::TooManyRegionsInAll { .. }
+            | ShmError::PoolExhausted { .. } => Code::ResourceExhausted,
             ShmError::Open { source, .. } if is_server_resource_error(source) => Code::Internal,
             ShmError::Map { .. }
+            | ShmError::Copy { .. }
             | ShmError::Create { .. }
             | ShmError::OutputMissing(_)
             | ShmError::OutputNotRaw(_) => Code::Internal,

@@ -199,6 +199,7 @@ mod tests {
         let reg = ShmRegistry::new(RegistryConfig {
             dir: dir.shm().clone(),
             max_regions_per_owner: 8,
+            ..RegistryConfig::default()
         });
         reg.register(1, "r", "/obj", 0, 4096).unwrap();
         reg.register(1, "tail", "/obj", 3072, 1024).unwrap();
