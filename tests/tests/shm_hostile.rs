@@ -372,3 +372,145 @@ async fn a_full_worker_table_means_inline_copies_not_failures() {
         assert_eq!(raw_to_f32(&out).unwrap(), dense::forward(&input));
     }
 }
+
+/// One hostile request shape, repeated, for the table in docs/HARDENING.md.
+#[derive(Debug, Clone, Copy)]
+enum Case {
+    KeyOutsideShm,
+    SymlinkKey,
+    OverflowingWindow,
+    HugeRegionName,
+    WindowPastEndOfFile,
+    UnknownRegion,
+    OffsetPastWindow,
+    NegativeShmSize,
+    NegativeDimension,
+    HugeTensorName,
+    OutputWindowTooSmall,
+}
+
+impl Case {
+    const ALL: [Case; 11] = [
+        Case::KeyOutsideShm,
+        Case::SymlinkKey,
+        Case::OverflowingWindow,
+        Case::HugeRegionName,
+        Case::WindowPastEndOfFile,
+        Case::UnknownRegion,
+        Case::OffsetPastWindow,
+        Case::NegativeShmSize,
+        Case::NegativeDimension,
+        Case::HugeTensorName,
+        Case::OutputWindowTooSmall,
+    ];
+
+    async fn run(
+        self,
+        c: &mut GrpcInferenceServiceClient<Channel>,
+        key: &str,
+        link: &str,
+    ) -> tonic::Status {
+        let infer = |req: ModelInferRequest| {
+            let mut c = c.clone();
+            async move { c.model_infer(req).await.map(|_| ()) }
+        };
+        let result = match self {
+            Case::KeyOutsideShm => register(c, "x", "/../../etc/passwd", 0, 16).await,
+            Case::SymlinkKey => register(c, "x", link, 0, 16).await,
+            Case::OverflowingWindow => register(c, "x", key, u64::MAX, 2).await,
+            Case::HugeRegionName => register(c, &"n".repeat(1 << 20), key, 0, 16).await,
+            Case::WindowPastEndOfFile => register(c, "x", key, 0, 1 << 20).await,
+            Case::UnknownRegion => infer(shm_request(1, "nope", "nope")).await,
+            Case::OffsetPastWindow => {
+                let mut req = shm_request(1, "in", "out");
+                req.inputs[0]
+                    .parameters
+                    .insert("shared_memory_offset".into(), int(1 << 40));
+                infer(req).await
+            }
+            Case::NegativeShmSize => {
+                let mut req = shm_request(1, "in", "out");
+                req.inputs[0].parameters.insert(
+                    "shared_memory_byte_size".into(),
+                    InferParameter {
+                        parameter_choice: Some(ParameterChoice::Int64Param(-64)),
+                    },
+                );
+                infer(req).await
+            }
+            Case::NegativeDimension => {
+                let mut req = dense::request(&dense::input(1, 0), true);
+                req.inputs[0].shape = vec![-1, 16];
+                infer(req).await
+            }
+            Case::HugeTensorName => {
+                let mut req = dense::request(&dense::input(1, 0), true);
+                req.inputs[0].name = "t".repeat(64 << 10);
+                infer(req).await
+            }
+            Case::OutputWindowTooSmall => {
+                let mut req = shm_request(1, "in", "out");
+                req.outputs[0]
+                    .parameters
+                    .insert("shared_memory_byte_size".into(), int(ROW_OUT - 1));
+                infer(req).await
+            }
+        };
+        result.expect_err("a hostile request is refused")
+    }
+}
+
+#[tokio::test]
+async fn hostile_requests_get_clean_errors_and_leave_the_agent_serving() {
+    for worker in ["", "--no-shm"] {
+        let agent = Agent::builder().worker(testworker(worker)).start().await;
+        let shm = ShmFile::create(&format!("cases{worker}"), 4096);
+        shm.file
+            .write_all_at(&f32_to_raw(&dense::input(1, 0)), 0)
+            .unwrap();
+        let link = format!("/infermesh-hostile-{}-link{worker}", std::process::id());
+        let link_path = PathBuf::from(format!("/dev/shm{link}"));
+        let _ = std::fs::remove_file(&link_path);
+        std::os::unix::fs::symlink("/etc/hostname", &link_path).unwrap();
+        let mut c = agent.client().await;
+        register(&mut c, "in", &shm.key, 0, 1024).await.unwrap();
+        register(&mut c, "out", &shm.key, 1024, 1024).await.unwrap();
+        let pid = agent.pid();
+        let mode = if worker.is_empty() {
+            "pass-through"
+        } else {
+            "agent copies"
+        };
+        for case in Case::ALL {
+            let before = rss_kib(pid);
+            let mut last = None;
+            for _ in 0..200 {
+                let s = case.run(&mut c, &shm.key, &link).await;
+                assert!(
+                    matches!(s.code(), Code::InvalidArgument | Code::ResourceExhausted),
+                    "{case:?}: {s:?}"
+                );
+                assert!(
+                    s.message().len() < 1024,
+                    "{case:?}: {} bytes",
+                    s.message().len()
+                );
+                last = Some(s);
+            }
+            let s = last.unwrap();
+            if matches!(case, Case::NegativeDimension) {
+                assert!(s.message().contains("negative dimension"), "{s:?}");
+            }
+            let good = good_requests(&agent, 3).await;
+            eprintln!(
+                "| {case:?} ({mode}) | {:?} | {before} → {} | {good}/3 | {} |",
+                s.code(),
+                rss_kib(pid),
+                s.message().chars().take(110).collect::<String>()
+            );
+        }
+        let w = agent.status().await.workers[0].clone();
+        assert_eq!(w.restarts, 0, "{w:?}");
+        let _ = std::fs::remove_file(&link_path);
+    }
+}

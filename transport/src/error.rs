@@ -30,6 +30,14 @@ pub enum ShmError {
     /// (`INVALID_ARGUMENT`).
     #[error("shared memory region name must not be empty")]
     EmptyName,
+    /// A region name longer than the server keeps (`INVALID_ARGUMENT`).
+    #[error("shared memory region name '{}' is longer than {limit} bytes", echo(.name))]
+    NameTooLong {
+        /// The name as given.
+        name: String,
+        /// Longest name accepted.
+        limit: usize,
+    },
     /// The object behind a key cannot be opened: absent, a symlink, not
     /// permitted (`INVALID_ARGUMENT`; `INTERNAL` when the server is out of
     /// file descriptors or memory).
@@ -223,6 +231,7 @@ impl ShmError {
             | ShmError::OutputNotRaw(_) => Code::Internal,
             ShmError::InvalidKey { .. }
             | ShmError::EmptyName
+            | ShmError::NameTooLong { .. }
             | ShmError::Open { .. }
             | ShmError::NotRegularFile { .. }
             | ShmError::EmptyWindow { .. }

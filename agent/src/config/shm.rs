@@ -17,6 +17,10 @@ use super::limits::FD_HEADROOM;
 /// ZooKeeper need them.
 pub const FD_RESERVED_FROM_REGIONS: usize = 256;
 
+/// Longest prefix the agent adds to a client's region name when it
+/// registers the region with a worker: `c`, a `u64`, `.`.
+pub const WORKER_NAME_PREFIX_BYTES: usize = 22;
+
 /// `[shm]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,11 +73,16 @@ impl ShmLimits {
         limits
     }
 
-    /// The transport registry's configuration for these limits.
+    /// The transport registry's configuration for these limits. Client
+    /// region names are kept [`WORKER_NAME_PREFIX_BYTES`] shorter than a
+    /// worker accepts, so the agent's private name for a region
+    /// (`c<connection>.<name>`, see `crate::shm`) always fits a worker's.
     pub fn registry_config(&self) -> infermesh_transport::shm::RegistryConfig {
         infermesh_transport::shm::RegistryConfig {
             max_regions_per_owner: self.max_regions_per_connection,
             max_regions: self.max_regions,
+            max_name_bytes: infermesh_transport::shm::MAX_REGION_NAME_BYTES
+                - WORKER_NAME_PREFIX_BYTES,
             ..Default::default()
         }
     }

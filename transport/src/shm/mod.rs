@@ -28,8 +28,8 @@ pub use pool::{
 };
 pub use region::ShmRegion;
 pub use registry::{
-    DEFAULT_MAX_REGIONS, DEFAULT_MAX_REGIONS_PER_OWNER, Owner, RegionStatus, RegistryConfig,
-    ShmRegistry,
+    DEFAULT_MAX_REGIONS, DEFAULT_MAX_REGIONS_PER_OWNER, MAX_REGION_NAME_BYTES, Owner, RegionStatus,
+    RegistryConfig, ShmRegistry,
 };
 pub use transport::{MIN_OUTPUT_WINDOW, ShmTransport, TENSOR_ALIGN};
 

@@ -44,6 +44,12 @@ pub const DEFAULT_MAX_REGIONS_PER_OWNER: usize = 64;
 /// its workers and their restarts).
 pub const DEFAULT_MAX_REGIONS: usize = 512;
 
+/// Longest region name accepted by default, in bytes: names are kept for
+/// the region's life, so they are bounded like everything else a client
+/// sends. (The agent accepts a little less from clients, leaving room for
+/// the prefix it adds when it registers a region with a worker.)
+pub const MAX_REGION_NAME_BYTES: usize = 256;
+
 /// Where a [`ShmRegistry`] opens keys and how many regions it allows.
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -53,6 +59,8 @@ pub struct RegistryConfig {
     pub max_regions_per_owner: usize,
     /// Regions all owners together may hold at once.
     pub max_regions: usize,
+    /// Longest region name accepted, in bytes.
+    pub max_name_bytes: usize,
 }
 
 impl Default for RegistryConfig {
@@ -61,6 +69,7 @@ impl Default for RegistryConfig {
             dir: ShmDir::system(),
             max_regions_per_owner: DEFAULT_MAX_REGIONS_PER_OWNER,
             max_regions: DEFAULT_MAX_REGIONS,
+            max_name_bytes: MAX_REGION_NAME_BYTES,
         }
     }
 }
@@ -171,6 +180,13 @@ impl ShmRegistry {
     ) -> Result<(), ShmError> {
         if name.is_empty() {
             return Err(ShmError::EmptyName);
+        }
+        let limit = self.inner.config.max_name_bytes;
+        if name.len() > limit {
+            return Err(ShmError::NameTooLong {
+                name: name.to_string(),
+                limit,
+            });
         }
         self.check_room(&self.read(), owner, name)?;
         // Open outside the lock: it is a few system calls.
@@ -318,6 +334,7 @@ mod tests {
             dir: dir.shm().clone(),
             max_regions_per_owner: max,
             max_regions: 100,
+            ..RegistryConfig::default()
         })
     }
 
@@ -329,6 +346,7 @@ mod tests {
             dir: dir.shm().clone(),
             max_regions_per_owner: 2,
             max_regions: 3,
+            ..RegistryConfig::default()
         });
         reg.register(1, "a", "/obj", 0, 64).unwrap();
         reg.register(1, "b", "/obj", 0, 64).unwrap();
@@ -430,8 +448,10 @@ mod tests {
         let err = reg.register(1, "c", "/obj", 0, 64).unwrap_err();
         assert_eq!(err.to_status().code(), tonic::Code::ResourceExhausted);
         reg.register(2, "c", "/obj", 0, 64).unwrap();
+        let long = "n".repeat(MAX_REGION_NAME_BYTES + 1);
         for (name, key, offset, size) in [
             ("", "/obj", 0, 64),
+            (long.as_str(), "/obj", 0, 64),
             ("x", "../etc/passwd", 0, 64),
             ("x", "/a/b", 0, 64),
             ("x", "/missing", 0, 64),
