@@ -278,7 +278,10 @@ impl Agent {
             background.spawn(registry::run(rcfg, advertised, phase_rx))
         });
 
-        let shm = ShmState::new(ShmRegistry::default(), pool.workers().len());
+        let shm = ShmState::new(
+            ShmRegistry::new(cfg.shm.registry_config()),
+            pool.workers().len(),
+        );
         let on_close: OnClose = {
             let (shm, pool, rdma, tasks) = (
                 shm.clone(),

@@ -20,8 +20,10 @@ use serde::Deserialize;
 use crate::registry::RegistryConfig;
 
 pub mod limits;
+pub mod shm;
 
 pub use limits::{Limits, RawLimits};
+pub use shm::{RawShm, ShmLimits};
 
 /// The config file as written (all fields optional; defaults filled in by
 /// [`AgentConfig::from_raw`]).
@@ -48,6 +50,9 @@ pub struct RawConfig {
     /// What one client can take of the OIP port.
     #[serde(default)]
     pub limits: RawLimits,
+    /// How many shared-memory regions clients may register.
+    #[serde(default)]
+    pub shm: RawShm,
     /// Threads of the agent's async runtime. Default: one per CPU core.
     pub threads: Option<usize>,
     /// Per-model queue.
@@ -266,6 +271,8 @@ pub struct AgentConfig {
     pub drain_delay: Duration,
     /// Limits of the OIP port.
     pub limits: Limits,
+    /// Limits of the shared-memory region table.
+    pub shm: ShmLimits,
     /// Per-model queue capacity.
     pub queue_capacity: usize,
     /// Runtime threads; `None` = one per core.
@@ -437,6 +444,7 @@ impl AgentConfig {
             problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
         }
         let limits = Limits::from_raw(&raw.limits, &mut problems);
+        let shm = ShmLimits::from_raw(&raw.shm, &mut problems);
         let mut sentinel = sentinel_config(&raw.sentinel, &mut problems);
         let base_dir = raw.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
         let health = health_config(&raw.health, &base_dir, &mut problems);
@@ -531,6 +539,7 @@ impl AgentConfig {
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
                 drain_delay: raw.drain_delay.unwrap_or(DEFAULT_DRAIN_DELAY),
                 limits,
+                shm,
                 queue_capacity,
                 threads: raw.threads,
                 sentinel,

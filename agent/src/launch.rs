@@ -89,6 +89,10 @@ pub struct ProcessLauncher {
 
 impl Launcher for ProcessLauncher {
     fn launch(&self, spec: &WorkerSpec, output: OutputSink) -> io::Result<Box<dyn Launched>> {
-        Ok(Box::new(crate::spawn::spawn(spec, output)?))
+        Ok(Box::new(crate::spawn::spawn(
+            spec,
+            self.shim.as_deref(),
+            output,
+        )?))
     }
 }

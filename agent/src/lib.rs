@@ -22,8 +22,8 @@
 //!    queues with direct hand-off.
 //! 4. **metrics** — [`metrics`], label handles resolved once per model.
 //! 5. **drivers** — [`supervisor`] (the only writer of a worker's state;
-//!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] (starting
-//!    processes), [`health`] (check rounds), [`gpu`] (Xid events →
+//!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] /
+//!    [`output`] (starting processes, reading their output), [`health`] (check rounds), [`gpu`] (Xid events →
 //!    supervisors), [`registry`] (the node's record).
 //! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
@@ -51,6 +51,7 @@ pub mod inbox;
 pub mod launch;
 pub mod metrics;
 pub mod models;
+pub mod output;
 pub mod pdeathsig;
 pub mod pool;
 pub mod rdma;

@@ -20,7 +20,11 @@
 //! - **inline** — when the worker does not (its register call answers
 //!   UNIMPLEMENTED), the agent copies the inputs out of shared memory into
 //!   the request, forwards it inline, and writes the outputs the client
-//!   asked for into its windows.
+//!   asked for into its windows. Also, for one request, when the worker's
+//!   region table is full (its register call answers RESOURCE_EXHAUSTED):
+//!   one client's many regions must not fail every other client's requests.
+//!   The agent's copies are `pread`/`pwrite` on the client's object, so a
+//!   client truncating it gets an error, not the agent a `SIGBUS`.
 //!
 //! "Connection" is the TCP connection: gRPC libraries that share one
 //! connection between several client objects of a process (gRPC's global
@@ -140,6 +144,9 @@ pub async fn prepare(
                 tracing::info!(worker = %worker.id(), "worker does not support shared memory; the agent copies tensors inline");
                 state.worker(worker, process.pid, |s| s.capable = Some(false));
             }
+            Err(Fallback::TableFull) => {
+                tracing::debug!(worker = %worker.id(), "worker's shared memory table is full; the agent copies this request's tensors inline");
+            }
             Err(Fallback::Error(s)) => return Err(s),
         }
     }
@@ -152,7 +159,10 @@ pub async fn prepare(
 }
 
 enum Fallback {
+    /// The worker has no shared-memory support: inline from now on.
     Unsupported,
+    /// The worker's region table is full: inline for this request.
+    TableFull,
     Error(Status),
 }
 
@@ -206,6 +216,7 @@ async fn pass_through(
             Ok(_) => {}
             Err(s) if s.code() == Code::AlreadyExists => {}
             Err(s) if s.code() == Code::Unimplemented => return Err(Fallback::Unsupported),
+            Err(s) if s.code() == Code::ResourceExhausted => return Err(Fallback::TableFull),
             Err(s) => {
                 return Err(Fallback::Error(Status::new(
                     s.code(),

@@ -6,10 +6,26 @@
 //! - the worker runs in its own process group, so a terminal's Ctrl-C reaches
 //!   only the agent (which then drains before stopping workers), and a stop
 //!   signal reaches the worker's own children too;
-//! - it gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the agent even when
-//!   the agent is SIGKILLed: no orphan keeps GPU memory or a port;
-//! - stdout and stderr are read line by line into the agent log (tagged with
-//!   the worker id) and the worker's output ring.
+//! - it dies with the agent even when the agent is SIGKILLed, so no orphan
+//!   keeps GPU memory or a port. With a shim ([`ProcessLauncher::shim`], set
+//!   by the CLI to its own binary) the worker runs under
+//!   `infermesh worker-shim --parent <agent pid> -- <command>`, a child
+//!   subreaper in the same process group that kills the worker and every
+//!   descendant when the agent goes — wrappers (`/bin/sh -c '…; echo'`)
+//!   included — and exits the way the worker did (`cli/src/shim.rs`). Stop
+//!   signals still go to the whole group; a `SIGKILL` is sent to the shim as
+//!   `SIGUSR1` instead (a `SIGKILL` would kill the shim alone and leave
+//!   descendants that left the group). Without a shim (in-process tests,
+//!   embedders) the worker itself gets `PR_SET_PDEATHSIG(SIGKILL)`, which
+//!   does not reach below a wrapper; the agent says so once in the log;
+//! - once the process (shim or worker) has ended, whatever is left in its
+//!   process group is sent `SIGKILL`, so a restart starts clean even if the
+//!   shim itself was killed;
+//! - stdout and stderr are drained for the worker's whole life by
+//!   [`crate::output::read_lines`] (bytes, lines capped, lossy UTF-8) into
+//!   [`OutputSink::line`]: the agent log, the output ring, fault patterns.
+//!
+//! [`ProcessLauncher::shim`]: crate::launch::ProcessLauncher::shim
 //!
 //! A bare program name is looked up in `PATH`, then next to the running
 //! `infermesh` binary, so `--worker "infermesh-testworker ..."` works from a
@@ -23,9 +39,9 @@ use std::process::Stdio;
 use std::future::Future;
 use std::pin::Pin;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::config::WorkerSpec;
@@ -36,13 +52,18 @@ pub const PORT_PLACEHOLDER: &str = "{port}";
 
 /// A spawned worker process.
 pub struct Spawned {
-    /// The process.
+    /// The process (the shim, when there is one).
     pub child: Child,
     /// Its pid (and process group id).
     pub pid: u32,
     /// Where it will serve OIP.
     pub address: SocketAddr,
+    /// Started through the worker shim.
+    pub shimmed: bool,
 }
+
+/// What the shim takes as "kill the worker and everything below it now".
+const SHIM_KILL: Signal = Signal::SIGUSR1;
 
 impl Launched for Spawned {
     fn pid(&self) -> u32 {
@@ -54,7 +75,12 @@ impl Launched for Spawned {
     }
 
     fn signal(&mut self, signal: Signal) {
-        if let Err(e) = killpg(Pid::from_raw(self.pid as i32), signal) {
+        let pid = Pid::from_raw(self.pid as i32);
+        let sent = match (self.shimmed, signal) {
+            (true, Signal::SIGKILL) => kill(pid, SHIM_KILL),
+            _ => killpg(pid, signal),
+        };
+        if let Err(e) = sent {
             tracing::debug!(pid = self.pid, ?signal, error = %e, "signal to worker group failed (already gone?)");
         }
     }
@@ -66,7 +92,11 @@ impl Launched for Spawned {
     fn wait(&mut self) -> Pin<Box<dyn Future<Output = Exit> + Send + '_>> {
         Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
-            match self.child.wait().await {
+            let status = self.child.wait().await;
+            // The group outlives its leader while members remain (and its
+            // id cannot be reused meanwhile): kill what the process left.
+            let _ = killpg(Pid::from_raw(self.pid as i32), Signal::SIGKILL);
+            match status {
                 Ok(s) => Exit {
                     code: s.code(),
                     signal: s.signal(),
@@ -83,8 +113,19 @@ impl Launched for Spawned {
     }
 }
 
-/// Spawns a process of `spec`; its output goes to `output`.
-pub fn spawn(spec: &WorkerSpec, output: OutputSink) -> io::Result<Spawned> {
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // Dropped while running (e.g. the agent's runtime going away): the
+        // shim kills the worker tree; without one, `kill_on_drop` does.
+        if self.shimmed && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = kill(Pid::from_raw(self.pid as i32), SHIM_KILL);
+        }
+    }
+}
+
+/// Spawns a process of `spec`, through the worker shim `shim` if given; its
+/// output goes to `output`.
+pub fn spawn(spec: &WorkerSpec, shim: Option<&Path>, output: OutputSink) -> io::Result<Spawned> {
     let port = free_port()?;
     let argv: Vec<String> = spec
         .argv
@@ -100,20 +141,39 @@ pub fn spawn(spec: &WorkerSpec, output: OutputSink) -> io::Result<Spawned> {
             ),
         )
     })?;
-    let mut cmd = Command::new(&program);
-    cmd.args(&argv[1..])
-        .envs(&spec.env)
+    let mut cmd = match shim {
+        Some(shim) => {
+            let mut cmd = Command::new(shim);
+            cmd.arg("worker-shim")
+                .arg("--parent")
+                .arg(std::process::id().to_string())
+                .arg("--")
+                .arg(&program)
+                .args(&argv[1..]);
+            cmd
+        }
+        None => {
+            static DIRECT: std::sync::Once = std::sync::Once::new();
+            DIRECT.call_once(|| {
+                tracing::warn!("no worker shim configured: workers are started directly and a worker behind a wrapper script can outlive a SIGKILLed agent");
+            });
+            let mut cmd = Command::new(&program);
+            cmd.args(&argv[1..]);
+            crate::pdeathsig::kill_child_when_parent_dies(&mut cmd);
+            cmd
+        }
+    };
+    cmd.envs(&spec.env)
         .env("INFERMESH_WORKER_PORT", port.to_string())
         .env("INFERMESH_WORKER_ID", &spec.id)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true);
+        .kill_on_drop(shim.is_none());
     if let Some(gpu) = spec.gpu {
         cmd.env("CUDA_VISIBLE_DEVICES", gpu.to_string());
     }
-    crate::pdeathsig::kill_child_when_parent_dies(&mut cmd);
     let mut child = cmd.spawn()?;
     let pid = child.id().unwrap_or_default();
     if let Some(out) = child.stdout.take() {
@@ -126,6 +186,7 @@ pub fn spawn(spec: &WorkerSpec, output: OutputSink) -> io::Result<Spawned> {
         child,
         pid,
         address: SocketAddr::from(([127, 0, 0, 1], port)),
+        shimmed: shim.is_some(),
     })
 }
 
@@ -166,17 +227,12 @@ fn forward_lines(
     reader: impl AsyncRead + Unpin + Send + 'static,
 ) {
     tokio::spawn(async move {
-        let mut lines = BufReader::new(reader).lines();
-        loop {
-            match lines.next_line().await {
-                Ok(Some(line)) => output.line(pid, stream, &line),
-                Ok(None) => break,
-                // Not UTF-8 or a read error: note it and keep the worker running.
-                Err(e) => {
-                    tracing::debug!(worker = %output.worker, stream, error = %e, "unreadable worker output");
-                    break;
-                }
-            }
+        let reader = BufReader::new(reader);
+        let read = crate::output::read_lines(reader, crate::output::MAX_LINE_BYTES, |line| {
+            output.line(pid, stream, line)
+        });
+        if let Err(e) = read.await {
+            tracing::warn!(worker = %output.worker, stream, error = %e, "cannot read worker output");
         }
     });
 }

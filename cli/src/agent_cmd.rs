@@ -161,7 +161,11 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
             command: command.clone(),
             ..Default::default()
         }));
-    Ok(AgentConfig::from_raw(raw)?)
+    let mut cfg = AgentConfig::from_raw(raw)?;
+    // Workers start through `infermesh worker-shim` (cli/src/shim.rs), so
+    // they die with the agent even behind a wrapper script.
+    cfg.worker_shim = std::env::current_exe().ok();
+    Ok(cfg)
 }
 
 /// Resolves on SIGTERM (Kubernetes) or SIGINT (Ctrl-C).

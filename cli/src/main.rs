@@ -11,6 +11,7 @@ mod drill;
 mod exit;
 mod logging;
 mod ops;
+mod shim;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +53,9 @@ enum Command {
     Restart(ops::restart::RestartArgs),
     /// Print the version.
     Version,
+    /// Run a worker command for the agent so it dies with the agent (internal).
+    #[command(hide = true)]
+    WorkerShim(shim::ShimArgs),
 }
 
 fn main() {
@@ -67,6 +71,7 @@ fn main() {
         Command::Drain(args) => ops::drain::main(args),
         Command::Undrain(args) => ops::drain::undrain_main(args),
         Command::Restart(args) => ops::restart::main(args),
+        Command::WorkerShim(args) => shim::main(args),
         Command::Version => {
             println!("infermesh {}", env!("CARGO_PKG_VERSION"));
             exit::OK

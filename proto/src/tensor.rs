@@ -118,12 +118,49 @@ impl fmt::Display for DataType {
     }
 }
 
+/// Bytes of a client-supplied name (tensor, datatype, region, key) that an
+/// error message repeats; longer names are cut at a character boundary and
+/// end with "…", so a request cannot make its own error large.
+pub const MAX_ECHO_BYTES: usize = 128;
+/// Dimensions of a client-supplied shape an error message repeats.
+pub const MAX_ECHO_DIMS: usize = 16;
+
+/// `s` as an error message may repeat it: at most [`MAX_ECHO_BYTES`] bytes,
+/// then "…".
+pub fn echo(s: &str) -> String {
+    if s.len() <= MAX_ECHO_BYTES {
+        return s.to_string();
+    }
+    let mut end = MAX_ECHO_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// A shape as `[2, 16]`, at most [`MAX_ECHO_DIMS`] dimensions, then "…".
+pub fn shape_text(shape: &[i64]) -> String {
+    let shown: Vec<String> = shape
+        .iter()
+        .take(MAX_ECHO_DIMS)
+        .map(i64::to_string)
+        .collect();
+    let more = if shape.len() > MAX_ECHO_DIMS {
+        format!(", … ({} dimensions)", shape.len())
+    } else {
+        String::new()
+    };
+    format!("[{}{more}]", shown.join(", "))
+}
+
 /// Why a `ModelInfer` request does not fit the model. Every variant maps to
 /// `INVALID_ARGUMENT`; the message names the tensor and what was expected.
+/// Names and shapes from the request are repeated through [`echo`] and
+/// [`shape_text`], so they are bounded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TensorError {
     /// An input the model does not have.
-    #[error("unexpected input '{name}': model '{model}' has inputs [{expected}]")]
+    #[error("unexpected input '{}': model '{}' has inputs [{expected}]", echo(.name), echo(.model))]
     UnknownInput {
         /// Model name.
         model: String,
@@ -133,16 +170,16 @@ pub enum TensorError {
         expected: String,
     },
     /// The same input given twice.
-    #[error("input '{0}' is given more than once")]
+    #[error("input '{}' is given more than once", echo(.0))]
     DuplicateInput(String),
     /// An input the model needs is absent.
-    #[error("missing input '{0}'")]
+    #[error("missing input '{}'", echo(.0))]
     MissingInput(String),
     /// An output the model does not produce.
-    #[error("unknown requested output '{0}'")]
+    #[error("unknown requested output '{}'", echo(.0))]
     UnknownOutput(String),
     /// Datatype differs from the model's.
-    #[error("input '{name}': datatype {got} does not match the model's {expected}")]
+    #[error("input '{}': datatype {} does not match the model's {}", echo(.name), echo(.got), echo(.expected))]
     WrongDatatype {
         /// Tensor name.
         name: String,
@@ -151,9 +188,28 @@ pub enum TensorError {
         /// Datatype the model declares.
         expected: String,
     },
-    /// Shape rank or a fixed dimension differs, or a dimension is negative.
-    #[error("input '{name}': shape {got:?} does not match the model's {expected:?}")]
-    WrongShape {
+    /// A negative dimension in the request's shape. The model's metadata
+    /// uses -1 for "any size"; a request must give the actual size.
+    #[error(
+        "input '{}': shape {} has a negative dimension ({} at position {index}); a request gives each dimension's actual size (-1 in the model's shape {} means any size)",
+        echo(.name), shape_text(.got), .got[*.index], shape_text(.expected)
+    )]
+    NegativeDimension {
+        /// Tensor name.
+        name: String,
+        /// Shape in the request.
+        got: Vec<i64>,
+        /// Position of the first negative dimension.
+        index: usize,
+        /// Shape the model declares.
+        expected: Vec<i64>,
+    },
+    /// The request's shape has a different number of dimensions.
+    #[error(
+        "input '{}': shape {} has {} dimensions, the model's {} has {}",
+        echo(.name), shape_text(.got), .got.len(), shape_text(.expected), .expected.len()
+    )]
+    WrongRank {
         /// Tensor name.
         name: String,
         /// Shape in the request.
@@ -161,11 +217,31 @@ pub enum TensorError {
         /// Shape the model declares (-1 = any size).
         expected: Vec<i64>,
     },
+    /// A dimension differs from a fixed one of the model's.
+    #[error(
+        "input '{}': shape {} does not match the model's {}: dimension {index} is {}, the model needs {}",
+        echo(.name), shape_text(.got), shape_text(.expected), .got[*.index], .expected[*.index]
+    )]
+    WrongDimension {
+        /// Tensor name.
+        name: String,
+        /// Shape in the request.
+        got: Vec<i64>,
+        /// Position of the first differing dimension.
+        index: usize,
+        /// Shape the model declares (-1 = any size).
+        expected: Vec<i64>,
+    },
     /// The element count overflows.
-    #[error("input '{0}': shape is too large")]
-    ShapeOverflow(String),
+    #[error("input '{}': shape {} holds more elements than can be addressed", echo(.name), shape_text(.shape))]
+    ShapeOverflow {
+        /// Tensor name.
+        name: String,
+        /// Shape in the request.
+        shape: Vec<i64>,
+    },
     /// Raw bytes do not match shape × datatype size.
-    #[error("input '{name}': raw contents hold {got} bytes, shape and datatype need {expected}")]
+    #[error("input '{}': raw contents hold {got} bytes, shape and datatype need {expected}", echo(.name))]
     WrongByteSize {
         /// Tensor name.
         name: String,
@@ -175,7 +251,7 @@ pub enum TensorError {
         expected: usize,
     },
     /// Typed contents hold the wrong number of elements.
-    #[error("input '{name}': contents hold {got} elements, shape needs {expected}")]
+    #[error("input '{}': contents hold {got} elements, shape needs {expected}", echo(.name))]
     WrongElementCount {
         /// Tensor name.
         name: String,
@@ -193,10 +269,10 @@ pub enum TensorError {
         expected: usize,
     },
     /// Both raw and typed contents, or typed contents for a raw-only type.
-    #[error("input '{0}': {1}")]
+    #[error("input '{}': {}", echo(.0), .1)]
     BadContents(String, &'static str),
     /// A `BYTES` raw tensor whose length prefixes do not add up.
-    #[error("input '{0}': malformed BYTES raw contents")]
+    #[error("input '{}': malformed BYTES raw contents (each element is a 4-byte little-endian length and that many bytes)", echo(.0))]
     MalformedBytes(String),
 }
 
@@ -279,20 +355,39 @@ fn validate_input(
         got: input.datatype.clone(),
         expected: spec.datatype.clone(),
     })?;
-    let shape_ok = input.shape.len() == spec.shape.len()
-        && input
-            .shape
-            .iter()
-            .zip(&spec.shape)
-            .all(|(&got, &want)| got >= 0 && (want < 0 || got == want));
-    if !shape_ok {
-        return Err(TensorError::WrongShape {
+    if let Some(index) = input.shape.iter().position(|&d| d < 0) {
+        return Err(TensorError::NegativeDimension {
+            name: name(),
+            got: input.shape.clone(),
+            index,
+            expected: spec.shape.clone(),
+        });
+    }
+    if input.shape.len() != spec.shape.len() {
+        return Err(TensorError::WrongRank {
             name: name(),
             got: input.shape.clone(),
             expected: spec.shape.clone(),
         });
     }
-    let elements = element_count(&input.shape).ok_or_else(|| TensorError::ShapeOverflow(name()))?;
+    let differs = input
+        .shape
+        .iter()
+        .zip(&spec.shape)
+        .position(|(&got, &want)| want >= 0 && got != want);
+    if let Some(index) = differs {
+        return Err(TensorError::WrongDimension {
+            name: name(),
+            got: input.shape.clone(),
+            index,
+            expected: spec.shape.clone(),
+        });
+    }
+    let overflow = || TensorError::ShapeOverflow {
+        name: name(),
+        shape: input.shape.clone(),
+    };
+    let elements = element_count(&input.shape).ok_or_else(overflow)?;
     match (raw, &input.contents) {
         (Some(_), Some(_)) => Err(TensorError::BadContents(
             name(),
@@ -300,9 +395,7 @@ fn validate_input(
         )),
         (Some(bytes), None) => match dtype.element_size() {
             Some(size) => {
-                let expected = elements
-                    .checked_mul(size)
-                    .ok_or_else(|| TensorError::ShapeOverflow(name()))?;
+                let expected = elements.checked_mul(size).ok_or_else(overflow)?;
                 if bytes.len() == expected {
                     Ok(())
                 } else {
@@ -433,7 +526,11 @@ mod tests {
         let m = meta();
         assert!(matches!(
             validate_request(&raw_request(vec![1, 15], "FP32", 60), &m),
-            Err(TensorError::WrongShape { .. })
+            Err(TensorError::WrongDimension { index: 1, .. })
+        ));
+        assert!(matches!(
+            validate_request(&raw_request(vec![1, 16, 1], "FP32", 64), &m),
+            Err(TensorError::WrongRank { .. })
         ));
         assert!(matches!(
             validate_request(&raw_request(vec![1, 16], "FP32", 63), &m),
@@ -449,11 +546,11 @@ mod tests {
         ));
         assert!(matches!(
             validate_request(&raw_request(vec![-2, 16], "FP32", 64), &m),
-            Err(TensorError::WrongShape { .. })
+            Err(TensorError::NegativeDimension { index: 0, .. })
         ));
         assert!(matches!(
             validate_request(&raw_request(vec![i64::MAX, 16], "FP32", 64), &m),
-            Err(TensorError::ShapeOverflow(_))
+            Err(TensorError::ShapeOverflow { .. })
         ));
         let mut missing = raw_request(vec![1, 16], "FP32", 64);
         missing.inputs.clear();
@@ -468,6 +565,46 @@ mod tests {
             validate_request(&unknown, &m),
             Err(TensorError::UnknownInput { .. })
         ));
+    }
+
+    #[test]
+    fn a_negative_dimension_is_named_as_such() {
+        let err = validate_request(&raw_request(vec![-1, 16], "FP32", 64), &meta()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("negative dimension (-1 at position 0)"),
+            "{text}"
+        );
+        assert!(!text.contains("does not match"), "{text}");
+        let err = validate_request(&raw_request(vec![2, -16], "FP32", 64), &meta()).unwrap_err();
+        assert!(err.to_string().contains("(-16 at position 1)"), "{err}");
+        // A wrong fixed dimension says which one.
+        let err = validate_request(&raw_request(vec![2, 15], "FP32", 120), &meta()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("dimension 1 is 15, the model needs 16"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn client_supplied_names_and_shapes_are_echoed_bounded() {
+        let mut req = raw_request(vec![1, 16], "FP32", 64);
+        req.inputs[0].name = "é".repeat(10_000);
+        let text = validate_request(&req, &meta()).unwrap_err().to_string();
+        assert!(text.len() < 400, "{} bytes", text.len());
+        assert!(text.contains('…'));
+        let mut req = raw_request(vec![1; 100_000], "FP32", 4);
+        req.inputs[0].datatype = "X".repeat(100_000);
+        let text = validate_request(&req, &meta()).unwrap_err().to_string();
+        assert!(text.len() < 400, "{} bytes", text.len());
+        let text = validate_request(&raw_request(vec![1; 100_000], "FP32", 4), &meta())
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("(100000 dimensions)"), "{text}");
+        assert!(text.len() < 400, "{} bytes", text.len());
+        assert_eq!(echo("short"), "short");
+        assert_eq!(echo(&"a".repeat(MAX_ECHO_BYTES)).len(), MAX_ECHO_BYTES);
     }
 
     #[test]

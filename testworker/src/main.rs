@@ -48,6 +48,10 @@ struct Args {
     /// without Triton's shared-memory extension (the agent then copies).
     #[arg(long)]
     no_shm: bool,
+    /// Shared-memory regions one client connection may register (a small
+    /// table lets tests fill it).
+    #[arg(long, default_value_t = infermesh_transport::shm::DEFAULT_MAX_REGIONS_PER_OWNER)]
+    max_shm_regions: usize,
 }
 
 fn millis(name: &str, ms: f64) -> Result<Duration, String> {
@@ -95,6 +99,10 @@ async fn main() {
         fault: args.fault,
         fault_after: args.fault_after,
         shm_rpcs: !args.no_shm,
+        shm: infermesh_transport::shm::RegistryConfig {
+            max_regions_per_owner: args.max_shm_regions,
+            ..Default::default()
+        },
         ..WorkerOptions::default()
     });
     let listener = match tokio::net::TcpListener::bind(listen).await {

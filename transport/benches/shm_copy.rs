@@ -7,6 +7,10 @@
 //! - `shm_read`: a copy out into a new buffer, as the server does for each
 //!   input ([`ShmRegion::read`]; allocation included).
 //! - `shm_write_read`: both copies a tensor makes on its way through.
+//! - `server_read` / `server_write`: the same copies by a server, which
+//!   opens the client's object and uses `pread`/`pwrite` (never a mapping:
+//!   a client truncating its file must not be able to raise `SIGBUS` in
+//!   the server). Compare with `shm_read` / `shm_write`.
 //!
 //! The region lives in `/dev/shm` (tmpfs), is touched once before measuring
 //! (no first-touch page faults in the figures) and is unlinked at the end.
@@ -26,6 +30,7 @@ fn shm_copy(c: &mut Criterion) {
     let largest = SIZES[SIZES.len() - 1].0;
     let key = format!("/infermesh-bench-{}", std::process::id());
     let region = ShmRegion::create(&key, largest as u64).expect("create a region in /dev/shm");
+    let server = ShmRegion::open(&key, 0, largest as u64).expect("open the region as a server");
     let src: Vec<u8> = (0..largest).map(|i| i as u8).collect();
     let mut dst = vec![0u8; largest];
     region.write(0, &src).expect("touch every page once");
@@ -51,6 +56,12 @@ fn shm_copy(c: &mut Criterion) {
         });
         group.bench_with_input(BenchmarkId::new("shm_read", label), &size, |b, _| {
             b.iter(|| black_box(region.read(0, size as u64).unwrap()))
+        });
+        group.bench_with_input(BenchmarkId::new("server_read", label), &size, |b, _| {
+            b.iter(|| black_box(server.read(0, size as u64).unwrap()))
+        });
+        group.bench_with_input(BenchmarkId::new("server_write", label), &size, |b, _| {
+            b.iter(|| server.write(0, black_box(src)).unwrap())
         });
         group.bench_with_input(BenchmarkId::new("shm_write_read", label), &size, |b, _| {
             b.iter(|| {

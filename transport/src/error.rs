@@ -4,18 +4,22 @@ use std::io;
 
 use tonic::{Code, Status};
 
+use infermesh_proto::tensor::echo;
+
 use crate::path::Path;
 
 /// Why a shared-memory operation failed: registering, resolving a tensor
 /// reference, copying, or leasing from the client pool.
 ///
 /// Servers (the agent, the test worker) return [`ShmError::to_status`] to the
-/// caller; every variant says which code it maps to.
+/// caller; every variant says which code it maps to. Client-supplied names
+/// (keys, regions, tensors) are repeated through
+/// [`infermesh_proto::tensor::echo`], so they are bounded.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
     /// A key that is not a single name in the shm directory
     /// (`INVALID_ARGUMENT`).
-    #[error("invalid shared memory key '{key}': {reason}")]
+    #[error("invalid shared memory key '{}': {reason}", echo(.key))]
     InvalidKey {
         /// The key as given.
         key: String,
@@ -26,10 +30,18 @@ pub enum ShmError {
     /// (`INVALID_ARGUMENT`).
     #[error("shared memory region name must not be empty")]
     EmptyName,
+    /// A region name longer than the server keeps (`INVALID_ARGUMENT`).
+    #[error("shared memory region name '{}' is longer than {limit} bytes", echo(.name))]
+    NameTooLong {
+        /// The name as given.
+        name: String,
+        /// Longest name accepted.
+        limit: usize,
+    },
     /// The object behind a key cannot be opened: absent, a symlink, not
     /// permitted (`INVALID_ARGUMENT`; `INTERNAL` when the server is out of
     /// file descriptors or memory).
-    #[error("cannot open shared memory key '{key}': {source}")]
+    #[error("cannot open shared memory key '{}': {source}", echo(.key))]
     Open {
         /// The key as given.
         key: String,
@@ -39,7 +51,7 @@ pub enum ShmError {
     },
     /// The key names something other than a regular file
     /// (`INVALID_ARGUMENT`).
-    #[error("shared memory key '{key}' is not a regular file")]
+    #[error("shared memory key '{}' is not a regular file", echo(.key))]
     NotRegularFile {
         /// The key as given.
         key: String,
@@ -65,15 +77,25 @@ pub enum ShmError {
     },
     /// The file shrank below the registered window after registration: the
     /// client truncated it (`INVALID_ARGUMENT`).
-    #[error("shared memory key '{key}' was truncated to {len} bytes after registration")]
+    #[error("shared memory key '{}' was truncated to {len} bytes after registration", echo(.key))]
     Truncated {
         /// The key as registered.
         key: String,
         /// Its length now.
         len: u64,
     },
+    /// A `pread`/`pwrite` on a client's object failed for a reason other
+    /// than truncation (`INTERNAL`).
+    #[error("cannot copy shared memory key '{}': {source}", echo(.key))]
+    Copy {
+        /// The key.
+        key: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// Mapping the file failed (`INTERNAL`).
-    #[error("cannot map shared memory key '{key}': {source}")]
+    #[error("cannot map shared memory key '{}': {source}", echo(.key))]
     Map {
         /// The key.
         key: String,
@@ -82,7 +104,7 @@ pub enum ShmError {
         source: io::Error,
     },
     /// Creating a region (client side) failed (`INTERNAL`).
-    #[error("cannot create shared memory object '{key}': {source}")]
+    #[error("cannot create shared memory object '{}': {source}", echo(.key))]
     Create {
         /// The key.
         key: String,
@@ -92,21 +114,32 @@ pub enum ShmError {
     },
     /// A region of that name is already registered by this owner
     /// (`ALREADY_EXISTS`).
-    #[error("shared memory region '{0}' is already registered")]
+    #[error("shared memory region '{}' is already registered", echo(.0))]
     AlreadyExists(String),
     /// Status asked for a region this owner has not registered (`NOT_FOUND`).
-    #[error("unable to find system shared memory region '{0}'")]
+    #[error("unable to find system shared memory region '{}'", echo(.0))]
     NotFound(String),
-    /// The owner already has the most regions allowed
+    /// The owner (client connection) already has the most regions allowed
     /// (`RESOURCE_EXHAUSTED`).
-    #[error("too many shared memory regions registered (limit {limit})")]
+    #[error(
+        "this connection already holds {limit} shared memory regions, the most allowed per connection (max_regions_per_connection); unregister one or send tensors inline"
+    )]
     TooManyRegions {
         /// Regions allowed per owner.
         limit: usize,
     },
+    /// The server already holds the most regions allowed over all
+    /// connections (`RESOURCE_EXHAUSTED`).
+    #[error(
+        "the server already holds {limit} shared memory regions, the most allowed over all connections (max_regions); try again later or send tensors inline"
+    )]
+    TooManyRegionsInAll {
+        /// Regions allowed in all.
+        limit: usize,
+    },
     /// A tensor names a region this owner has not registered
     /// (`INVALID_ARGUMENT`).
-    #[error("tensor '{tensor}': unknown shared memory region '{region}'")]
+    #[error("tensor '{}': unknown shared memory region '{}'", echo(.tensor), echo(.region))]
     UnknownRegion {
         /// The tensor.
         tensor: String,
@@ -115,7 +148,7 @@ pub enum ShmError {
     },
     /// A `shared_memory_*` parameter of the wrong type, negative, or given
     /// without its companion (`INVALID_ARGUMENT`).
-    #[error("tensor '{tensor}': parameter '{param}' {reason}")]
+    #[error("tensor '{}': parameter '{param}' {reason}", echo(.tensor))]
     BadParameter {
         /// The tensor.
         tensor: String,
@@ -126,13 +159,14 @@ pub enum ShmError {
     },
     /// An input in shared memory that also carries `contents`
     /// (`INVALID_ARGUMENT`).
-    #[error("input '{0}': contents must be empty when the input is in shared memory")]
+    #[error("input '{}': contents must be empty when the input is in shared memory", echo(.0))]
     ContentsWithShm(String),
     /// Shared-memory inputs mixed with typed `contents` inputs; only
     /// `raw_input_contents` can be mixed with shared memory
     /// (`INVALID_ARGUMENT`).
     #[error(
-        "input '{0}': when other inputs are in shared memory, this input must use raw_input_contents"
+        "input '{}': when other inputs are in shared memory, this input must use raw_input_contents",
+        echo(.0)
     )]
     TypedContentsMixed(String),
     /// `raw_input_contents` does not hold one entry per input not in shared
@@ -147,7 +181,8 @@ pub enum ShmError {
     /// An output larger than the shared-memory window requested for it
     /// (`INVALID_ARGUMENT`).
     #[error(
-        "output '{tensor}': shared memory window of {window} bytes is too small for {needed} bytes"
+        "output '{}': shared memory window of {window} bytes is too small for {needed} bytes",
+        echo(.tensor)
     )]
     OutputTooLarge {
         /// The output.
@@ -158,11 +193,11 @@ pub enum ShmError {
         window: u64,
     },
     /// The response lacks an output requested in shared memory (`INTERNAL`).
-    #[error("output '{0}' was requested in shared memory but is not in the response")]
+    #[error("output '{}' was requested in shared memory but is not in the response", echo(.0))]
     OutputMissing(String),
     /// The response has no raw bytes for an output requested in shared
     /// memory (`INTERNAL`: the model answered in a form this cannot place).
-    #[error("output '{0}' has no raw contents to place in shared memory")]
+    #[error("output '{}' has no raw contents to place in shared memory", echo(.0))]
     OutputNotRaw(String),
     /// The client pool cannot lease that many bytes within its budget
     /// (`RESOURCE_EXHAUSTED`); the caller sends this request inline.
@@ -185,16 +220,18 @@ impl ShmError {
         let code = match self {
             ShmError::AlreadyExists(_) => Code::AlreadyExists,
             ShmError::NotFound(_) => Code::NotFound,
-            ShmError::TooManyRegions { .. } | ShmError::PoolExhausted { .. } => {
-                Code::ResourceExhausted
-            }
+            ShmError::TooManyRegions { .. }
+            | ShmError::TooManyRegionsInAll { .. }
+            | ShmError::PoolExhausted { .. } => Code::ResourceExhausted,
             ShmError::Open { source, .. } if is_server_resource_error(source) => Code::Internal,
             ShmError::Map { .. }
+            | ShmError::Copy { .. }
             | ShmError::Create { .. }
             | ShmError::OutputMissing(_)
             | ShmError::OutputNotRaw(_) => Code::Internal,
             ShmError::InvalidKey { .. }
             | ShmError::EmptyName
+            | ShmError::NameTooLong { .. }
             | ShmError::Open { .. }
             | ShmError::NotRegularFile { .. }
             | ShmError::EmptyWindow { .. }

@@ -23,22 +23,22 @@
 //! # `unsafe`
 //!
 //! The house rule is `#![forbid(unsafe_code)]` outside `gpu/` and `rdma/`.
-//! Shared memory cannot be used without mapping it, and reading a mapping
-//! is `unsafe`, so this crate *denies* `unsafe` and allows it in exactly one
-//! small module, `shm/mapping.rs`, which every access goes through:
-//! bounds-checked copies in and out, and slices lent to a closure for the
-//! duration of one call — never a reference that outlives the call, never a
-//! typed view of the bytes. Each block carries a `SAFETY` comment.
+//! Our own client maps the regions it creates, and reading a mapping is
+//! `unsafe`, so this crate *denies* `unsafe` and allows it in exactly one
+//! small module, `shm/mapping.rs`: bounds-checked raw copies in and out of
+//! a mapping of an object this process created — never a reference into
+//! it, never a typed view of the bytes. Each block carries a `SAFETY`
+//! comment.
 //!
-//! Two hazards come from the other process and cannot be ruled out by any
-//! Rust code: (1) a client may write a tensor while the server copies it —
-//! the copy is then torn, which is the client's contract to avoid, as in
-//! Triton; (2) a client that truncates its object while the server copies
-//! from it makes the kernel send `SIGBUS`. The region checks the file length
-//! before every access, which leaves only a deliberate race; serve shared
-//! memory to trusted local clients only (see [`ShmRegistry`] for the trust
-//! model). Our own client could avoid both with sealed memfds (DESIGN.md);
-//! POSIX shm is what third-party clients use.
+//! The server side (the agent, the test worker) never maps an object a
+//! client registered: a client that truncates its file would make any access
+//! to the mapping raise `SIGBUS` and kill the server. It copies with
+//! `pread`/`pwrite` on the file descriptor instead, which a truncated file
+//! turns into an error (see [`ShmRegion`]). What remains from the other
+//! process is a torn copy when a client writes a tensor while the server
+//! reads it — the client's contract to avoid, as in Triton. Serve shared
+//! memory to local clients you trust with your shm directory (see
+//! [`ShmRegistry`] for the trust model).
 #![deny(unsafe_code)]
 
 mod error;

@@ -21,6 +21,7 @@
 
 use bytes::Bytes;
 use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
+use infermesh_proto::tensor::echo;
 
 use super::params::ShmRef;
 use super::registry::{Owner, ShmRegistry};
@@ -64,7 +65,13 @@ impl ShmRegistry {
         for (input, r) in req.inputs.iter().zip(&refs) {
             if let Some(r) = r {
                 let region = self.lookup(owner, &input.name, &r.region)?;
-                let what = || format!("input '{}' in region '{}'", input.name, r.region);
+                let what = || {
+                    format!(
+                        "input '{}' in region '{}'",
+                        echo(&input.name),
+                        echo(&r.region)
+                    )
+                };
                 if r.byte_size == 0 {
                     return Err(ShmError::EmptyWindow { what: what() });
                 }
@@ -121,7 +128,13 @@ impl ShmRegistry {
                 return Err(ShmError::OutputNotRaw(out.name.clone()));
             }
             let region = self.lookup(owner, &out.name, &r.region)?;
-            let what = || format!("output '{}' in region '{}'", out.name, r.region);
+            let what = || {
+                format!(
+                    "output '{}' in region '{}'",
+                    echo(&out.name),
+                    echo(&r.region)
+                )
+            };
             if r.byte_size == 0 {
                 return Err(ShmError::EmptyWindow { what: what() });
             }
@@ -199,6 +212,7 @@ mod tests {
         let reg = ShmRegistry::new(RegistryConfig {
             dir: dir.shm().clone(),
             max_regions_per_owner: 8,
+            ..RegistryConfig::default()
         });
         reg.register(1, "r", "/obj", 0, 4096).unwrap();
         reg.register(1, "tail", "/obj", 3072, 1024).unwrap();

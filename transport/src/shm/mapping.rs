@@ -1,27 +1,30 @@
 //! The one place in this crate that touches raw memory: a `MAP_SHARED`
-//! mapping of a shared-memory file, with bounds-checked copies in and out.
+//! mapping of a shared-memory file *this process created* (the client side,
+//! [`ShmRegion::create`]), with bounds-checked copies in and out. Objects
+//! another process owns are never mapped (see [`ShmRegion`]).
 //!
 //! Why `unsafe` is confined here, and why it is sound enough to accept:
 //!
 //! - The mapping is created by `memmap2::MmapOptions::map_raw`, which hands
 //!   back a raw pointer and a length and keeps the mapping alive until drop.
-//!   Nothing here ever returns a reference into it that outlives a call.
+//!   Nothing here ever creates a Rust reference into it: every access is a
+//!   raw-pointer copy to or from a distinct Rust buffer.
 //! - Every access checks `start + len <= mapping length` with checked
 //!   arithmetic and panics otherwise; callers ([`ShmRegion`]) check first
 //!   and return errors, so the panic only guards against bugs here.
-//! - Within this process, a `RwLock` keeps our own writers away from the
-//!   short-lived slices handed to closures, so Rust's aliasing rules hold.
+//! - Within this process, a `RwLock` keeps our own copies in apart from our
+//!   own copies out, so this process never races with itself.
 //! - Another process (the client) may write the same pages at any time; no
 //!   lock can exclude it. We treat the memory as untrusted bytes: we only
-//!   copy them in and out (or show them to a closure for the duration of a
-//!   call), never build typed values or long-lived references from them. A
+//!   copy them in and out, never build references or typed values from
+//!   them. A
 //!   concurrent writer can therefore only make us copy torn bytes — which is
 //!   exactly the contract of shared-memory tensors: the client must not
 //!   touch a tensor while a request using it is in flight.
-//! - A client that truncates its file while we copy makes the kernel raise
-//!   `SIGBUS` in this process. [`ShmRegion`] checks the file length before
-//!   each access, which closes all but a race the client can win only on
-//!   purpose; the residual risk is documented in the crate root.
+//! - Truncating a mapped file under a copy raises `SIGBUS`. The object is
+//!   ours (created `0600`, unlinked on drop), so only a process running as
+//!   our user can do that — which can kill us anyway. Servers, whose
+//!   objects belong to their clients, use `pread`/`pwrite` instead.
 //!
 //! [`ShmRegion`]: super::ShmRegion
 #![allow(unsafe_code)]
@@ -36,8 +39,8 @@ use memmap2::{MmapOptions, MmapRaw};
 /// A shared, read-write mapping of `len` bytes of a file from `offset`.
 pub(crate) struct Mapping {
     raw: MmapRaw,
-    /// Readers (copies out, `with_slice`) share; writers (copies in,
-    /// `with_mut_slice`) exclude them. Only this process is covered.
+    /// Copies out share; copies in exclude them. Only this process is
+    /// covered.
     lock: RwLock<()>,
 }
 
@@ -97,42 +100,11 @@ impl Mapping {
         self.check(start, src.len());
         let _exclusive = self.lock.write().unwrap_or_else(PoisonError::into_inner);
         // SAFETY: in bounds as above; `src` is Rust memory distinct from the
-        // mapping. The write lock guarantees no slice handed out by
-        // `with_slice` exists in this process while we write. Other
+        // mapping. The write lock keeps this process's other copies
+        // out while we write. Other
         // processes may read or write concurrently; they see bytes only.
         unsafe {
             ptr::copy_nonoverlapping(src.as_ptr(), self.raw.as_mut_ptr().add(start), src.len());
         }
-    }
-
-    /// Shows `start..start + len` to `f`. `f` must not call back into this
-    /// mapping's writers (it would deadlock).
-    pub(crate) fn with_slice<R>(&self, start: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.check(start, len);
-        let _shared = self.lock.read().unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: in bounds; the slice lives only for the call to `f` and
-        // the read lock keeps this process's writers out meanwhile. Another
-        // process may still change these bytes under `f`: callers get bytes
-        // only, and are told the contents may change (torn reads).
-        let slice = unsafe { std::slice::from_raw_parts(self.raw.as_ptr().add(start), len) };
-        f(slice)
-    }
-
-    /// Lends `start..start + len` mutably to `f`. `f` must not call back
-    /// into this mapping (it would deadlock).
-    pub(crate) fn with_mut_slice<R>(
-        &self,
-        start: usize,
-        len: usize,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> R {
-        self.check(start, len);
-        let _exclusive = self.lock.write().unwrap_or_else(PoisonError::into_inner);
-        // SAFETY: in bounds; the write lock makes this the only reference
-        // into the mapping in this process for the duration of `f`. Other
-        // processes see plain bytes.
-        let slice =
-            unsafe { std::slice::from_raw_parts_mut(self.raw.as_mut_ptr().add(start), len) };
-        f(slice)
     }
 }

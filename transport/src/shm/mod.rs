@@ -7,8 +7,9 @@
 //!   ([`ShmRegistry::take_inputs`], [`ShmRegistry::place_outputs`]).
 //! - Client side: [`ShmPool`] keeps regions warm and [`ShmTransport`] stages
 //!   requests into them.
-//! - Both sit on [`ShmRegion`], a bounds-checked mapping of a key validated
-//!   by [`ShmKey`].
+//! - Both sit on [`ShmRegion`], a bounds-checked window of a key validated
+//!   by [`ShmKey`]: mapped when we created it, copied with `pread`/`pwrite`
+//!   when a client did (so a client truncating its file cannot fault us).
 
 mod exchange;
 mod key;
@@ -26,7 +27,10 @@ pub use pool::{
     RetiredRegion, ShmLease, ShmPool,
 };
 pub use region::ShmRegion;
-pub use registry::{Owner, RegionStatus, RegistryConfig, ShmRegistry};
+pub use registry::{
+    DEFAULT_MAX_REGIONS, DEFAULT_MAX_REGIONS_PER_OWNER, MAX_REGION_NAME_BYTES, Owner, RegionStatus,
+    RegistryConfig, ShmRegistry,
+};
 pub use transport::{MIN_OUTPUT_WINDOW, ShmTransport, TENSOR_ALIGN};
 
 #[cfg(test)]

@@ -179,4 +179,60 @@ mod tests {
             assert!(err.to_string().contains("INPUT0"));
         }
     }
+
+    fn choice() -> impl proptest::strategy::Strategy<Value = Option<ParameterChoice>> {
+        use proptest::prelude::*;
+        prop::option::of(prop_oneof![
+            any::<i64>().prop_map(Int64Param),
+            prop_oneof![Just(0i64), Just(-1), Just(i64::MAX), 0i64..4096].prop_map(Int64Param),
+            ".{0,8}".prop_map(StringParam),
+            any::<bool>().prop_map(BoolParam),
+            any::<u64>().prop_map(Uint64Param),
+        ])
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(4096))]
+
+        /// Arbitrary parameters never panic the parser, and what it accepts
+        /// is exactly what was given: a string region, a non-negative int64
+        /// size, a non-negative int64 offset or none (0).
+        #[test]
+        fn accepts_only_well_formed_references(
+            present in proptest::collection::vec(proptest::option::of(choice()), 3),
+            other in proptest::option::of(choice()),
+        ) {
+            let mut m = HashMap::new();
+            for (name, c) in [REGION_PARAM, OFFSET_PARAM, BYTE_SIZE_PARAM].into_iter().zip(present) {
+                if let Some(c) = c {
+                    m.insert(name.to_string(), InferParameter { parameter_choice: c });
+                }
+            }
+            if let Some(c) = other {
+                m.insert("unrelated".to_string(), InferParameter { parameter_choice: c });
+            }
+            let get = |k: &str| m.get(k).map(|p| p.parameter_choice.clone());
+            match ShmRef::from_params("t", &m) {
+                Ok(Some(r)) => {
+                    proptest::prop_assert_eq!(get(REGION_PARAM), Some(Some(StringParam(r.region.clone()))));
+                    proptest::prop_assert_eq!(get(BYTE_SIZE_PARAM), Some(Some(Int64Param(r.byte_size as i64))));
+                    proptest::prop_assert!(r.byte_size <= i64::MAX as u64);
+                    match get(OFFSET_PARAM) {
+                        None => proptest::prop_assert_eq!(r.offset, 0),
+                        Some(c) => proptest::prop_assert_eq!(c, Some(Int64Param(r.offset as i64))),
+                    }
+                    proptest::prop_assert!(r.offset <= i64::MAX as u64);
+                }
+                Ok(None) => {
+                    for k in [REGION_PARAM, OFFSET_PARAM, BYTE_SIZE_PARAM] {
+                        proptest::prop_assert!(get(k).is_none(), "{} ignored", k);
+                    }
+                }
+                Err(e) => {
+                    let bad = matches!(e, ShmError::BadParameter { .. });
+                    proptest::prop_assert!(bad, "{}", e);
+                }
+            }
+        }
+    }
 }

@@ -1,9 +1,34 @@
-//! [`ShmRegion`]: a window of a POSIX shared-memory object, mapped into this
-//! process, with a safe, bounds-checked, copy-in/copy-out API.
+//! [`ShmRegion`]: a window of a POSIX shared-memory object with a safe,
+//! bounds-checked, copy-in/copy-out API.
+//!
+//! # Why a server never maps a client's object
+//!
+//! A region comes in two kinds, and they move bytes differently:
+//!
+//! - **created** here ([`ShmRegion::create`], our own client): the object is
+//!   ours, so it is mapped and copies go through the mapping (`memcpy`).
+//! - **opened** here ([`ShmRegion::open`], a server resolving a region a
+//!   client registered): the object belongs to another process, which can
+//!   truncate it at any moment. Touching a mapped page past the new end of
+//!   file raises `SIGBUS`, which kills the whole server; no length check
+//!   before the copy can close that race. So an opened region is **never
+//!   mapped**: copies are `pread(2)`/`pwrite(2)` on its file descriptor,
+//!   which the kernel bounds by the file's length at the time of the call —
+//!   a truncated file gives a short read (reported as
+//!   [`ShmError::Truncated`]), never a fault. No slice of another process's
+//!   memory is ever lent out either: every access is a copy.
+//!
+//! Sealing (`memfd` + `F_SEAL_SHRINK`) would also rule out the fault, but
+//! only for objects the client created that way; Triton's convention (and
+//! tritonclient) uses plain POSIX shm, which cannot be sealed, so the server
+//! cannot require it. On tmpfs a `pread` costs about what the `memcpy` from a
+//! mapping does (one copy either way, plus one system call per tensor); see
+//! `benches/shm_copy.rs`.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 
 use bytes::Bytes;
@@ -12,13 +37,14 @@ use super::key::{ShmDir, ShmKey};
 use super::mapping::Mapping;
 use crate::error::ShmError;
 
-/// A mapped window `[offset, offset + len)` of a shared-memory file.
+/// A window `[offset, offset + len)` of a shared-memory file.
 ///
-/// Servers [`open`](ShmRegion::open) the object a client registered;
-/// clients [`create`](ShmRegion::create) their own, which is unlinked when
-/// the region is dropped. Offsets in the accessors are relative to the
-/// window. Every access is bounds-checked with checked arithmetic and, on a
-/// server, also checks the file was not truncated since it was opened.
+/// Servers [`open`](ShmRegion::open) the object a client registered and
+/// copy with `pread`/`pwrite`; clients [`create`](ShmRegion::create) their
+/// own, mapped, which is unlinked when the region is dropped (see the module
+/// docs for why). Offsets in the accessors are relative to the window. Every
+/// access is bounds-checked with checked arithmetic; on an opened region a
+/// file truncated since registration is an error, never a fault.
 pub struct ShmRegion {
     key: ShmKey,
     path: PathBuf,
@@ -27,18 +53,26 @@ pub struct ShmRegion {
     offset: u64,
     /// Bytes in the window (> 0).
     len: u64,
-    map: Mapping,
-    /// Created here: unlink the file on drop.
-    owned: bool,
+    access: Access,
+}
+
+/// How bytes move in and out of the window.
+enum Access {
+    /// Created here: ours, mapped; the file is unlinked on drop.
+    Owned(Mapping),
+    /// Opened here: another process's object; `pread`/`pwrite` only.
+    Opened,
 }
 
 impl ShmRegion {
-    /// Opens `key` in `/dev/shm` and maps `byte_size` bytes from `offset`.
+    /// Opens `key` in `/dev/shm` for copies of `byte_size` bytes from
+    /// `offset`.
     pub fn open(key: &str, offset: u64, byte_size: u64) -> Result<Self, ShmError> {
         Self::open_in(&ShmDir::system(), key, offset, byte_size)
     }
 
-    /// Opens `key` in `dir` and maps `byte_size` bytes from `offset`.
+    /// Opens `key` in `dir` for copies of `byte_size` bytes from `offset`
+    /// (not mapped: see the module docs).
     ///
     /// The file is opened read-write with `O_NOFOLLOW` (a symlink planted in
     /// the directory is refused) and `O_NONBLOCK` (a FIFO cannot stall us);
@@ -66,19 +100,14 @@ impl ShmRegion {
             });
         }
         let what = || format!("shared memory key '{key}'");
-        let len = window_len(what, offset, byte_size, meta.len())?;
-        let map = Mapping::new(&file, offset, len).map_err(|source| ShmError::Map {
-            key: key.to_string(),
-            source,
-        })?;
+        window_len(what, offset, byte_size, meta.len())?;
         Ok(Self {
             key,
             path,
             file,
             offset,
             len: byte_size,
-            map,
-            owned: false,
+            access: Access::Opened,
         })
     }
 
@@ -117,8 +146,7 @@ impl ShmRegion {
                 file,
                 offset: 0,
                 len: size,
-                map,
-                owned: true,
+                access: Access::Owned(map),
             }),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
@@ -174,68 +202,90 @@ impl ShmRegion {
 
     /// Copies `len` bytes from `offset` out of the region.
     pub fn read(&self, offset: u64, len: u64) -> Result<Bytes, ShmError> {
-        let (start, len) = self.range(offset, len)?;
-        Ok(Bytes::from(self.map.to_vec(start, len)))
+        let len = self.range(offset, len)?;
+        let mut out = match &self.access {
+            Access::Owned(map) => return Ok(Bytes::from(map.to_vec(offset as usize, len))),
+            // Zeroed large allocations come from fresh zero pages, so this
+            // costs no extra pass over the bytes.
+            Access::Opened => vec![0u8; len],
+        };
+        self.pread(offset, &mut out)?;
+        Ok(Bytes::from(out))
     }
 
     /// Copies `dst.len()` bytes from `offset` into `dst`.
     pub fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<(), ShmError> {
-        let (start, _) = self.range(offset, dst.len() as u64)?;
-        self.map.copy_out(start, dst);
-        Ok(())
+        self.range(offset, dst.len() as u64)?;
+        match &self.access {
+            Access::Owned(map) => {
+                map.copy_out(offset as usize, dst);
+                Ok(())
+            }
+            Access::Opened => self.pread(offset, dst),
+        }
     }
 
     /// Copies `data` into the region at `offset`.
+    ///
+    /// On an opened region the file must still cover the range: a write is
+    /// refused rather than growing a file its owner truncated. (If the owner
+    /// truncates between that check and the write, the write re-extends the
+    /// file by at most the registered window — the owner's own doing, and
+    /// no fault either way.)
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ShmError> {
-        let (start, _) = self.range(offset, data.len() as u64)?;
-        self.map.copy_in(start, data);
-        Ok(())
-    }
-
-    /// Shows `len` bytes from `offset` to `f` without copying. Another
-    /// process may change them while `f` runs: treat them as untrusted
-    /// bytes. `f` must not call back into this region.
-    pub fn with_slice<R>(
-        &self,
-        offset: u64,
-        len: u64,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<R, ShmError> {
-        let (start, len) = self.range(offset, len)?;
-        Ok(self.map.with_slice(start, len, f))
-    }
-
-    /// Lends `len` bytes from `offset` mutably to `f` (to fill a tensor in
-    /// place). `f` must not call back into this region.
-    pub fn with_mut_slice<R>(
-        &self,
-        offset: u64,
-        len: u64,
-        f: impl FnOnce(&mut [u8]) -> R,
-    ) -> Result<R, ShmError> {
-        let (start, len) = self.range(offset, len)?;
-        Ok(self.map.with_mut_slice(start, len, f))
-    }
-
-    /// Bounds-checks an access and converts it to mapping coordinates; on
-    /// an opened (not created) region, also checks the file still covers
-    /// it, so a client that truncated its file gets an error rather than
-    /// the server a `SIGBUS`.
-    fn range(&self, offset: u64, len: u64) -> Result<(usize, usize), ShmError> {
-        self.check_with(|| format!("region '{}'", self.key), offset, len)?;
-        if !self.owned {
-            let file_len = self.file.metadata().map(|m| m.len()).unwrap_or(0);
-            // offset + len <= self.len and self.offset + self.len <= file
-            // length at open time; neither sum can overflow.
-            if self.offset + offset + len > file_len {
-                return Err(ShmError::Truncated {
-                    key: self.key.to_string(),
-                    len: file_len,
-                });
+        self.range(offset, data.len() as u64)?;
+        match &self.access {
+            Access::Owned(map) => {
+                map.copy_in(offset as usize, data);
+                Ok(())
+            }
+            Access::Opened => {
+                let at = self.offset + offset;
+                let file_len = self.file_len();
+                if at + data.len() as u64 > file_len {
+                    return Err(self.truncated(file_len));
+                }
+                self.file
+                    .write_all_at(data, at)
+                    .map_err(|source| self.copy_error(source))
             }
         }
-        // Both fit in usize: they are within a mapping of `self.len` bytes.
-        Ok((offset as usize, len as usize))
+    }
+
+    /// `pread` of `dst.len()` bytes at window offset `offset` (in bounds).
+    fn pread(&self, offset: u64, dst: &mut [u8]) -> Result<(), ShmError> {
+        match self.file.read_exact_at(dst, self.offset + offset) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(self.truncated(self.file_len()))
+            }
+            Err(source) => Err(self.copy_error(source)),
+        }
+    }
+
+    fn file_len(&self) -> u64 {
+        self.file.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn truncated(&self, len: u64) -> ShmError {
+        ShmError::Truncated {
+            key: self.key.to_string(),
+            len,
+        }
+    }
+
+    fn copy_error(&self, source: io::Error) -> ShmError {
+        ShmError::Copy {
+            key: self.key.to_string(),
+            source,
+        }
+    }
+
+    /// Bounds-checks an access against the window and returns its length as
+    /// `usize` (it fits: the window was checked to fit at open/create).
+    fn range(&self, offset: u64, len: u64) -> Result<usize, ShmError> {
+        self.check_with(|| format!("region '{}'", self.key), offset, len)?;
+        Ok(len as usize)
     }
 }
 
@@ -264,7 +314,7 @@ fn window_len(
 
 impl Drop for ShmRegion {
     fn drop(&mut self) {
-        if self.owned {
+        if matches!(self.access, Access::Owned(_)) {
             // The server's own mapping keeps the memory alive until it
             // unregisters; unlinking only removes the name.
             let _ = std::fs::remove_file(&self.path);
@@ -278,7 +328,7 @@ impl fmt::Debug for ShmRegion {
             .field("key", &self.key.as_str())
             .field("offset", &self.offset)
             .field("len", &self.len)
-            .field("owned", &self.owned)
+            .field("owned", &matches!(self.access, Access::Owned(_)))
             .finish()
     }
 }
@@ -299,14 +349,6 @@ mod tests {
         let mut buf = [0u8; 3];
         client.read_into(64, &mut buf).unwrap();
         assert_eq!(&buf, b"out");
-        let sum = client
-            .with_slice(100, 5, |s| s.iter().map(|&b| b as u32).sum::<u32>())
-            .unwrap();
-        assert_eq!(sum, b"hello".iter().map(|&b| b as u32).sum::<u32>());
-        client
-            .with_mut_slice(0, 2, |s| s.copy_from_slice(b"ab"))
-            .unwrap();
-        assert_eq!(&client.read(0, 2).unwrap()[..], b"ab");
         let path = dir.shm().path_of(&ShmKey::parse("/rt").unwrap());
         assert!(path.exists());
         drop(client);
@@ -342,8 +384,9 @@ mod tests {
             );
         }
         assert!(r.write(u64::MAX, b"x").is_err());
-        assert!(r.with_slice(u64::MAX, 2, |_| ()).is_err());
-        assert!(r.with_mut_slice(127, 2, |_| ()).is_err());
+        let mut two = [0u8; 2];
+        assert!(r.read_into(u64::MAX, &mut two).is_err());
+        assert!(r.read_into(127, &mut two).is_err());
     }
 
     #[test]
@@ -394,5 +437,73 @@ mod tests {
             Err(ShmError::Truncated { len: 100, .. })
         ));
         assert!(server.write(4096, b"x").is_err());
+    }
+
+    #[test]
+    fn reads_and_writes_survive_a_file_truncated_and_re_extended_meanwhile() {
+        // With a mapping, a copy racing a truncation raises SIGBUS and kills
+        // this test process; with pread/pwrite it is an error or a copy.
+        let dir = TestDir::new("region-race");
+        let size = 1 << 20;
+        let _c = ShmRegion::create_in(dir.shm(), "race", size).unwrap();
+        let server = ShmRegion::open_in(dir.shm(), "race", 0, size).unwrap();
+        let path = dir.shm().path().join("race");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (mut ok, mut truncated) = (0, 0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = OpenOptions::new().write(true).open(&path).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    file.set_len(0).unwrap();
+                    file.set_len(size).unwrap();
+                }
+            });
+            for _ in 0..2000 {
+                match server.read(0, size) {
+                    Ok(b) => {
+                        assert_eq!(b.len() as u64, size);
+                        ok += 1;
+                    }
+                    Err(ShmError::Truncated { .. }) => truncated += 1,
+                    Err(e) => panic!("unexpected {e}"),
+                }
+                match server.write(size - 4096, &[7u8; 4096]) {
+                    Ok(()) | Err(ShmError::Truncated { .. }) => {}
+                    Err(e) => panic!("unexpected {e}"),
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(ok + truncated, 2000);
+    }
+
+    #[test]
+    fn an_opened_region_reads_what_is_there_after_re_extension() {
+        let dir = TestDir::new("region-reextend");
+        let client = ShmRegion::create_in(dir.shm(), "re", 4096).unwrap();
+        client.write(0, b"abcd").unwrap();
+        let server = ShmRegion::open_in(dir.shm(), "re", 0, 4096).unwrap();
+        let file = OpenOptions::new()
+            .write(true)
+            .open(dir.shm().path().join("re"))
+            .unwrap();
+        file.set_len(0).unwrap();
+        assert!(matches!(
+            server.read(0, 4),
+            Err(ShmError::Truncated { len: 0, .. })
+        ));
+        assert!(matches!(
+            server.write(0, b"zz"),
+            Err(ShmError::Truncated { .. })
+        ));
+        assert_eq!(
+            file.metadata().unwrap().len(),
+            0,
+            "a refused write must not grow the file"
+        );
+        file.set_len(4096).unwrap();
+        assert_eq!(&server.read(0, 4).unwrap()[..], &[0, 0, 0, 0]);
+        server.write(0, b"ok").unwrap();
+        assert_eq!(&server.read(0, 2).unwrap()[..], b"ok");
     }
 }

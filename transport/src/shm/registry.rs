@@ -36,6 +36,20 @@ use crate::error::ShmError;
 /// Identifies the client connection that registered a region.
 pub type Owner = u64;
 
+/// Regions one owner (client connection) may hold at once, by default.
+pub const DEFAULT_MAX_REGIONS_PER_OWNER: usize = 64;
+/// Regions all owners together may hold at once, by default. Each holds one
+/// open file descriptor, so this bounds what clients can take of the
+/// server's descriptors (the agent keeps 1024 free of connections for this,
+/// its workers and their restarts).
+pub const DEFAULT_MAX_REGIONS: usize = 512;
+
+/// Longest region name accepted by default, in bytes: names are kept for
+/// the region's life, so they are bounded like everything else a client
+/// sends. (The agent accepts a little less from clients, leaving room for
+/// the prefix it adds when it registers a region with a worker.)
+pub const MAX_REGION_NAME_BYTES: usize = 256;
+
 /// Where a [`ShmRegistry`] opens keys and how many regions it allows.
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
@@ -43,13 +57,19 @@ pub struct RegistryConfig {
     pub dir: ShmDir,
     /// Regions one owner may hold at once.
     pub max_regions_per_owner: usize,
+    /// Regions all owners together may hold at once.
+    pub max_regions: usize,
+    /// Longest region name accepted, in bytes.
+    pub max_name_bytes: usize,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
         Self {
             dir: ShmDir::system(),
-            max_regions_per_owner: 64,
+            max_regions_per_owner: DEFAULT_MAX_REGIONS_PER_OWNER,
+            max_regions: DEFAULT_MAX_REGIONS,
+            max_name_bytes: MAX_REGION_NAME_BYTES,
         }
     }
 }
@@ -72,7 +92,36 @@ struct Registered {
     region: Arc<ShmRegion>,
 }
 
-type Owners = HashMap<Owner, BTreeMap<String, Registered>>;
+/// Every owner's regions, and how many there are in all.
+#[derive(Default)]
+struct Owners {
+    by_owner: HashMap<Owner, BTreeMap<String, Registered>>,
+    total: usize,
+}
+
+impl Owners {
+    fn get(&self, owner: &Owner) -> Option<&BTreeMap<String, Registered>> {
+        self.by_owner.get(owner)
+    }
+
+    /// Removes `name` of `owner`, or all its regions with `None`.
+    fn remove(&mut self, owner: Owner, name: Option<&str>) {
+        let Some(regions) = self.by_owner.get_mut(&owner) else {
+            return;
+        };
+        let before = regions.len();
+        match name {
+            None => regions.clear(),
+            Some(name) => {
+                regions.remove(name);
+            }
+        }
+        self.total -= before - regions.len();
+        if regions.is_empty() {
+            self.by_owner.remove(&owner);
+        }
+    }
+}
 
 /// The regions clients registered, keyed by (owner, name). Thread-safe;
 /// clones share the same registry.
@@ -93,7 +142,7 @@ impl ShmRegistry {
         Self {
             inner: Arc::new(Inner {
                 config,
-                owners: RwLock::new(HashMap::new()),
+                owners: RwLock::new(Owners::default()),
             }),
         }
     }
@@ -118,7 +167,9 @@ impl ShmRegistry {
     }
 
     /// Registers `byte_size` bytes of the object `key` from `offset` as
-    /// `name` for `owner`: validates the key, opens and maps the object.
+    /// `name` for `owner`: validates the key and opens the object (one file
+    /// descriptor per region, within the limits; never mapped). Refused with
+    /// `RESOURCE_EXHAUSTED` when the owner or the registry is at its limit.
     pub fn register(
         &self,
         owner: Owner,
@@ -130,12 +181,20 @@ impl ShmRegistry {
         if name.is_empty() {
             return Err(ShmError::EmptyName);
         }
+        let limit = self.inner.config.max_name_bytes;
+        if name.len() > limit {
+            return Err(ShmError::NameTooLong {
+                name: name.to_string(),
+                limit,
+            });
+        }
         self.check_room(&self.read(), owner, name)?;
         // Open outside the lock: it is a few system calls.
         let region = ShmRegion::open_in(&self.inner.config.dir, key, offset, byte_size)?;
         let mut owners = self.write();
         self.check_room(&owners, owner, name)?;
-        owners.entry(owner).or_default().insert(
+        owners.total += 1;
+        owners.by_owner.entry(owner).or_default().insert(
             name.to_string(),
             Registered {
                 status: RegionStatus {
@@ -158,6 +217,10 @@ impl ShmRegistry {
         let limit = self.inner.config.max_regions_per_owner;
         if regions.map_or(0, BTreeMap::len) >= limit {
             return Err(ShmError::TooManyRegions { limit });
+        }
+        let limit = self.inner.config.max_regions;
+        if owners.total >= limit {
+            return Err(ShmError::TooManyRegionsInAll { limit });
         }
         Ok(())
     }
@@ -183,31 +246,18 @@ impl ShmRegistry {
     /// succeeds (clients call it in cleanup paths). Requests in flight keep
     /// the mapping until they finish.
     pub fn unregister(&self, owner: Owner, name: Option<&str>) -> Result<(), ShmError> {
-        let mut owners = self.write();
-        match name {
-            None => {
-                owners.remove(&owner);
-            }
-            Some(name) => {
-                if let Some(regions) = owners.get_mut(&owner) {
-                    regions.remove(name);
-                    if regions.is_empty() {
-                        owners.remove(&owner);
-                    }
-                }
-            }
-        }
+        self.write().remove(owner, name);
         Ok(())
     }
 
     /// Forgets everything `owner` registered: its connection closed.
     pub fn drop_owner(&self, owner: Owner) {
-        self.write().remove(&owner);
+        self.write().remove(owner, None);
     }
 
     /// Regions registered, all owners together (for metrics).
     pub fn region_count(&self) -> usize {
-        self.read().values().map(BTreeMap::len).sum()
+        self.read().total
     }
 
     /// The owner's region `region`, which `tensor` refers to.
@@ -283,7 +333,48 @@ mod tests {
         ShmRegistry::new(RegistryConfig {
             dir: dir.shm().clone(),
             max_regions_per_owner: max,
+            max_regions: 100,
+            ..RegistryConfig::default()
         })
+    }
+
+    #[test]
+    fn the_global_limit_holds_across_owners_and_frees_on_unregister() {
+        let dir = TestDir::new("registry-global");
+        let _obj = ShmRegion::create_in(dir.shm(), "obj", 4096).unwrap();
+        let reg = ShmRegistry::new(RegistryConfig {
+            dir: dir.shm().clone(),
+            max_regions_per_owner: 2,
+            max_regions: 3,
+            ..RegistryConfig::default()
+        });
+        reg.register(1, "a", "/obj", 0, 64).unwrap();
+        reg.register(1, "b", "/obj", 0, 64).unwrap();
+        reg.register(2, "a", "/obj", 0, 64).unwrap();
+        let err = reg.register(3, "a", "/obj", 0, 64).unwrap_err();
+        assert!(
+            matches!(err, ShmError::TooManyRegionsInAll { limit: 3 }),
+            "{err}"
+        );
+        assert_eq!(err.to_status().code(), tonic::Code::ResourceExhausted);
+        assert!(err.to_string().contains("max_regions"), "{err}");
+        let err = reg.register(1, "c", "/obj", 0, 64).unwrap_err();
+        assert!(
+            matches!(err, ShmError::TooManyRegions { limit: 2 }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("max_regions_per_connection"),
+            "{err}"
+        );
+        reg.unregister(1, Some("a")).unwrap();
+        reg.register(3, "a", "/obj", 0, 64).unwrap();
+        reg.drop_owner(1);
+        reg.drop_owner(3);
+        assert_eq!(reg.region_count(), 1);
+        reg.register(4, "a", "/obj", 0, 64).unwrap();
+        reg.register(4, "b", "/obj", 0, 64).unwrap();
+        assert_eq!(reg.region_count(), 3);
     }
 
     #[test]
@@ -357,8 +448,10 @@ mod tests {
         let err = reg.register(1, "c", "/obj", 0, 64).unwrap_err();
         assert_eq!(err.to_status().code(), tonic::Code::ResourceExhausted);
         reg.register(2, "c", "/obj", 0, 64).unwrap();
+        let long = "n".repeat(MAX_REGION_NAME_BYTES + 1);
         for (name, key, offset, size) in [
             ("", "/obj", 0, 64),
+            (long.as_str(), "/obj", 0, 64),
             ("x", "../etc/passwd", 0, 64),
             ("x", "/a/b", 0, 64),
             ("x", "/missing", 0, 64),

@@ -269,7 +269,7 @@ fn output_size(
     let count = element_count(&out.shape).ok_or_else(|| bad("invalid shape"))?;
     let size = match dtype.element_size() {
         Some(es) => count.checked_mul(es).map(|s| s as u64),
-        None => region.with_slice(w.offset, w.byte_size, |s| bytes_len(s, count))?,
+        None => bytes_len(&region.read(w.offset, w.byte_size)?, count),
     }
     .ok_or_else(|| bad("does not fit its shared memory window"))?;
     if size > w.byte_size {
