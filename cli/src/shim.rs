@@ -39,8 +39,10 @@
 //!
 //! No `unsafe`: every call is a safe `nix` wrapper, and the shim blocks the
 //! signals it handles and takes them synchronously with `sigwait`, so there
-//! are no signal handlers. `std::process::Command` resets the signal mask in
-//! the worker.
+//! are no signal handlers. It blocks them only after the worker has started:
+//! a signal mask survives `exec` (`std::process::Command` does not reset
+//! it), and a worker started with SIGTERM blocked could not be stopped
+//! gracefully.
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -88,22 +90,13 @@ pub fn main(args: ShimArgs) -> i32 {
     {
         handled.add(*s);
     }
-    if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&handled), None) {
-        eprintln!("infermesh worker-shim: cannot block signals: {e}");
-        return CANNOT_START;
-    }
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         eprintln!("infermesh worker-shim: cannot become a child subreaper: {e}");
         return CANNOT_START;
     }
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(KILL_ALL) {
-        eprintln!("infermesh worker-shim: cannot set the parent-death signal: {e}");
-        return CANNOT_START;
-    }
-    if getppid() != Pid::from_raw(args.parent) {
-        // The agent died before the parent-death signal was armed.
-        return CANNOT_START;
-    }
+    // The worker is started before the shim blocks the signals it takes
+    // with `sigwait`: a child inherits the signal mask across exec, and a
+    // worker with SIGTERM blocked could only be stopped by SIGKILL.
     let (program, rest) = args.command.split_first().expect("clap requires one");
     let child = match Command::new(program).args(rest).spawn() {
         Ok(c) => c,
@@ -116,6 +109,26 @@ pub fn main(args: ShimArgs) -> i32 {
         }
     };
     let worker = Pid::from_raw(child.id() as i32);
+    // A stop signal arriving before this line ends the shim by its default
+    // action; the agent's `killpg` has then reached the worker too.
+    if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&handled), None) {
+        eprintln!("infermesh worker-shim: cannot block signals: {e}");
+        let _ = kill(worker, Signal::SIGKILL);
+        return CANNOT_START;
+    }
+    // Armed after blocking, so the parent-death signal is always taken by
+    // `sigwait`; an agent that died before it was armed is caught by the
+    // parent check.
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(KILL_ALL) {
+        eprintln!("infermesh worker-shim: cannot set the parent-death signal: {e}");
+        let _ = kill(worker, Signal::SIGKILL);
+        return CANNOT_START;
+    }
+    if getppid() != Pid::from_raw(args.parent) {
+        // The agent died before the parent-death signal was armed.
+        let _ = kill(worker, Signal::SIGKILL);
+        return CANNOT_START;
+    }
     // The child is reaped with waitpid below, not through `child`.
     drop(child);
     let mut shim = Shim {

@@ -47,4 +47,7 @@ async fn sigterm_loses_no_in_flight_request() {
     let log = agent.log_text();
     assert!(log.contains("draining"), "log says it drained");
     assert!(log.contains("agent stopped"));
+    // The workers stopped on SIGTERM, not after stop_grace by SIGKILL (a
+    // worker shim once passed its blocked signal mask on to the worker).
+    assert!(!log.contains("ignored SIGTERM"), "{log}");
 }
