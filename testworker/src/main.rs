@@ -103,7 +103,6 @@ async fn main() {
             max_regions_per_owner: args.max_shm_regions,
             ..Default::default()
         },
-        ..WorkerOptions::default()
     });
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(l) => l,
