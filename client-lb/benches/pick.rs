@@ -39,6 +39,7 @@ fn warmed_up(n: usize, local: bool) -> (Balancer, Instant) {
             weight: (i % 4 + 1) as f64,
             state: NodeState::Serving,
             zone: "z1".into(),
+            models: None,
         })
         .collect();
     b.set_nodes(t0, nodes);

@@ -1,8 +1,29 @@
-//! The client: discovery → balancer → one gRPC connection per node, with a
-//! deadline per call and retries to a different node within a budget.
+//! The client as a stack of layers, top to bottom:
+//!
+//! 1. **retry** ([`Client::infer_on`]): one deadline per call; retries on a
+//!    different node while the deadline, `max_attempts` and the
+//!    [`RetryBudget`] allow; a node that answers `NOT_FOUND` for the model
+//!    is marked and the call moves on without spending an attempt.
+//! 2. **balancer** ([`Stack::start`]): picks a node for the request's model
+//!    and counts it in flight in one step under one lock, returning an
+//!    [`InFlight`] guard.
+//! 3. **node** ([`Stack::attempt`]): one attempt on the picked node within
+//!    its per-attempt timeout (from the node's latency, see
+//!    [`BalancerConfig::attempt_timeout_factor`]); the guard records the
+//!    outcome — success, failure, timeout — and, if the caller's future is
+//!    dropped first, records a cancellation (neither) in its `Drop`.
+//! 4. **transport** ([`Transport`]): by default the [`Fallback`] ladder
+//!    shm → RDMA → gRPC.
+//!
+//! The layers are plain async functions over shared state rather than
+//! `tower::Service`s: the balancer layer must see which nodes a call has
+//! already tried and the model it names, and the node layer must hold a
+//! guard across the transport call; with tower each would be a
+//! request-type extension and a `poll_ready` per layer, for no gain in a
+//! library whose stack is fixed.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use infermesh_proto::inference::model_infer_request::InferInputTensor;
@@ -10,16 +31,18 @@ use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
 use infermesh_proto::load::LoadReport as WireLoadReport;
 use infermesh_proto::registry::{NodeRecord, NodeState as WireState, RegistryUrl};
 use infermesh_proto::tensor::{f32_to_raw, raw_to_f32};
-use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, GrpcInferenceServiceClient};
 use tokio::sync::watch;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::balancer::{
-    Balancer, BalancerConfig, LoadReport, NodeInfo, NodeState, Outcome, PickError,
+    Balancer, BalancerConfig, LoadReport, NodeInfo, NodeState, Outcome, PickError, Ticket,
+};
+use crate::config::{
+    DEFAULT_BUDGET_PER_SEC, DEFAULT_BUDGET_RATIO, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_REGISTRY, DEFAULT_SERVICE,
 };
 use crate::discovery::{self, Discovery, Membership};
-use crate::paths::{Paths, PathsConfig, Peer};
+use crate::paths::{Fallback, PathError, PathsConfig, Peer, Transport};
 use crate::retry_budget::RetryBudget;
 
 /// Why a call failed.
@@ -36,6 +59,28 @@ pub enum ClientError {
         /// Why.
         detail: String,
     },
+    /// No node of the service serves the model: none advertises it as
+    /// ready, or every one that did answered `NOT_FOUND`.
+    #[error("no node of service '{service}' serves model '{model}'; known: {known}")]
+    ModelNotFound {
+        /// Service.
+        service: String,
+        /// The model asked for.
+        model: String,
+        /// The nodes known and the models each advertises ready (at most
+        /// 16 nodes listed).
+        known: String,
+    },
+    /// The call's deadline passed before any node answered.
+    #[error("deadline of {deadline:?} exceeded after {attempts} attempt(s){}", last.as_ref().map(|l| format!("; last error: {l}")).unwrap_or_default())]
+    DeadlineExceeded {
+        /// The call's deadline.
+        deadline: Duration,
+        /// Attempts sent.
+        attempts: u32,
+        /// The last attempt's error, if any.
+        last: Option<String>,
+    },
     /// The node answered with an error (after any retries).
     #[error("{0}")]
     Status(#[from] Status),
@@ -44,8 +89,22 @@ pub enum ClientError {
     BadResponse(String),
 }
 
-/// Builds a [`Client`].
-#[derive(Debug, Clone)]
+impl ClientError {
+    /// The gRPC code that best describes the error.
+    pub fn code(&self) -> Code {
+        match self {
+            ClientError::Registry(_) => Code::InvalidArgument,
+            ClientError::NoNode { .. } => Code::Unavailable,
+            ClientError::ModelNotFound { .. } => Code::NotFound,
+            ClientError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+            ClientError::Status(s) => s.code(),
+            ClientError::BadResponse(_) => Code::Internal,
+        }
+    }
+}
+
+/// Builds a [`Client`]. Defaults are those of [`crate::ClientConfig`].
+#[derive(Clone)]
 pub struct ClientBuilder {
     registry: String,
     service: String,
@@ -55,18 +114,36 @@ pub struct ClientBuilder {
     balancer: BalancerConfig,
     seed: u64,
     paths: PathsConfig,
+    transport: Option<Arc<dyn Transport>>,
+}
+
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("registry", &self.registry)
+            .field("service", &self.service)
+            .field("deadline", &self.deadline)
+            .field("max_attempts", &self.max_attempts)
+            .field("budget", &self.budget)
+            .field("balancer", &self.balancer)
+            .field("seed", &self.seed)
+            .field("paths", &self.paths)
+            .field("custom_transport", &self.transport.is_some())
+            .finish()
+    }
 }
 
 impl Default for ClientBuilder {
     fn default() -> Self {
         ClientBuilder {
-            registry: "static://127.0.0.1:8001".into(),
-            service: "default".into(),
-            deadline: Duration::from_secs(10),
-            max_attempts: 3,
-            budget: (0.2, 10.0),
+            registry: DEFAULT_REGISTRY.into(),
+            service: DEFAULT_SERVICE.into(),
+            deadline: DEFAULT_DEADLINE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            budget: (DEFAULT_BUDGET_RATIO, DEFAULT_BUDGET_PER_SEC),
             balancer: BalancerConfig::default(),
             paths: PathsConfig::default(),
+            transport: None,
             seed: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
@@ -94,19 +171,19 @@ impl ClientBuilder {
         self
     }
 
-    /// Deadline of each call, retries included (default 10 s).
+    /// Deadline of each call, retries included.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
     }
 
-    /// Attempts per call, the first included (default 3).
+    /// Attempts per call, the first included.
     pub fn max_attempts(mut self, n: usize) -> Self {
         self.max_attempts = n.max(1);
         self
     }
 
-    /// Retry budget: `ratio` of requests plus `per_sec` (default 0.2 + 10/s).
+    /// Retry budget: `ratio` of requests plus `per_sec`.
     pub fn retry_budget(mut self, ratio: f64, per_sec: f64) -> Self {
         self.budget = (ratio, per_sec);
         self
@@ -136,24 +213,37 @@ impl ClientBuilder {
         self
     }
 
+    /// Replaces the transport ladder with `transport` (an in-process
+    /// transport for tests and benchmarks, or a ladder of one's own).
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
     /// Starts discovery and returns the client. With ZooKeeper, membership
     /// arrives in the background; calls before it fail with [`ClientError::NoNode`].
     pub async fn build(self) -> Result<Client, ClientError> {
         let url: RegistryUrl = self.registry.parse()?;
         let discovery = discovery::open(&url, &self.service);
-        let inner = Arc::new(Inner {
-            stats: Mutex::new(HashMap::new()),
-            balancer: Mutex::new(Balancer::new(self.balancer.clone(), self.seed)),
-            nodes: Mutex::new(HashMap::new()),
-            budget: Mutex::new(RetryBudget::new(self.budget.0, self.budget.1)),
+        let transport = self
+            .transport
+            .clone()
+            .unwrap_or_else(|| Arc::new(Fallback::new(&self.paths)));
+        let stack = Arc::new(Stack {
+            core: Mutex::new(Core {
+                balancer: Balancer::new(self.balancer.clone(), self.seed),
+                peers: HashMap::new(),
+                stats: HashMap::new(),
+                budget: RetryBudget::new(self.budget.0, self.budget.1),
+            }),
             membership: discovery.subscribe(),
-            paths: Paths::new(&self.paths),
+            transport,
             config: self,
         });
-        let follower = tokio::spawn(follow(Arc::clone(&inner), discovery.subscribe()));
-        inner.apply(&inner.membership.borrow().clone());
+        let follower = tokio::spawn(follow(Arc::clone(&stack), discovery.subscribe()));
+        stack.apply(&stack.membership.borrow().clone());
         Ok(Client {
-            inner,
+            stack,
             _discovery: discovery,
             _follower: Arc::new(AbortOnDrop(follower)),
         })
@@ -172,145 +262,329 @@ impl Drop for AbortOnDrop {
 /// balancing state.
 #[derive(Clone)]
 pub struct Client {
-    inner: Arc<Inner>,
+    stack: Arc<Stack>,
     _discovery: Arc<dyn Discovery>,
     _follower: Arc<AbortOnDrop>,
 }
 
-/// What the client has sent to one node.
+/// What the client has sent to one node (a member; forgotten when it leaves).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NodeStats {
     /// Attempts sent (retries included).
     pub attempts: u64,
-    /// Attempts that failed.
+    /// Attempts that failed (timeouts included).
     pub failures: u64,
+    /// Attempts that ran past their per-attempt timeout.
+    pub timeouts: u64,
+    /// Attempts in flight now.
+    pub in_flight: u64,
     /// When the last attempt was sent, milliseconds since the Unix epoch.
     pub last_attempt_unix_ms: u64,
 }
 
-/// A node's record and the connection to it.
-struct NodeConn {
-    record: NodeRecord,
-    client: GrpcInferenceServiceClient<Channel>,
-    channel: Channel,
+/// Everything the balancer layer changes, under one lock.
+struct Core {
+    balancer: Balancer,
+    peers: HashMap<String, Arc<Peer>>,
+    stats: HashMap<String, NodeStats>,
+    budget: RetryBudget,
 }
 
-struct Inner {
-    stats: Mutex<HashMap<String, NodeStats>>,
-    balancer: Mutex<Balancer>,
-    nodes: Mutex<HashMap<String, NodeConn>>,
-    budget: Mutex<RetryBudget>,
+/// The client's layers and their shared state.
+struct Stack {
+    core: Mutex<Core>,
     membership: watch::Receiver<Arc<Membership>>,
-    paths: Paths,
+    transport: Arc<dyn Transport>,
     config: ClientBuilder,
 }
 
-async fn follow(inner: Arc<Inner>, mut rx: watch::Receiver<Arc<Membership>>) {
+async fn follow(stack: Arc<Stack>, mut rx: watch::Receiver<Arc<Membership>>) {
     while rx.changed().await.is_ok() {
         let m = rx.borrow_and_update().clone();
-        inner.apply(&m);
+        stack.apply(&m);
     }
 }
 
-/// One connection per node: the OIP client, and the channel under it for
-/// the RDMA control path.
-fn channel(addr: &str) -> (GrpcInferenceServiceClient<Channel>, Channel) {
-    let channel = infermesh_proto::channel::oip_channel(addr, Duration::from_secs(1))
-        .expect("validated address");
-    let client = GrpcInferenceServiceClient::new(channel.clone())
-        .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES);
-    (client, channel)
+/// The client's clock: tokio's, so that tests under a paused clock see
+/// time move as the runtime does.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
-impl Inner {
-    /// Feeds a membership snapshot to the balancer and the connection pool.
-    fn apply(&self, m: &Membership) {
-        let infos = m
-            .nodes
-            .iter()
-            .map(|r| NodeInfo {
-                id: r.node_id.clone(),
-                weight: r.weight,
-                state: match r.state {
-                    WireState::Serving => NodeState::Serving,
-                    WireState::Draining => NodeState::Draining,
-                    WireState::Degraded => NodeState::Degraded,
-                },
-                zone: r.zone.clone(),
-            })
-            .collect();
-        self.balancer
-            .lock()
-            .expect("balancer lock")
-            .set_nodes(Instant::now(), infos);
-        let mut nodes = self.nodes.lock().expect("nodes lock");
-        nodes.retain(|id, _| m.nodes.iter().any(|r| &r.node_id == id));
-        for r in &m.nodes {
-            let same = nodes
-                .get(&r.node_id)
-                .is_some_and(|old| old.record.endpoints.grpc == r.endpoints.grpc);
-            if same {
-                nodes.get_mut(&r.node_id).expect("present").record = r.clone();
-            } else {
-                let (client, channel) = channel(&r.endpoints.grpc);
-                nodes.insert(
-                    r.node_id.clone(),
-                    NodeConn {
-                        record: r.clone(),
-                        client,
-                        channel,
-                    },
-                );
+/// An attempt counted in flight on a node. [`InFlight::finish`] records
+/// its outcome; dropped unfinished (the caller's future was dropped), it
+/// records a cancellation, which counts neither for nor against the node.
+pub(crate) struct InFlight<'a> {
+    stack: &'a Stack,
+    ticket: Option<Ticket>,
+    peer: Arc<Peer>,
+}
+
+impl InFlight<'_> {
+    fn node(&self) -> &str {
+        &self.peer.node
+    }
+
+    /// Records the outcome (and the load report of a response).
+    fn finish(mut self, outcome: Outcome, report: Option<LoadReport>) {
+        let ticket = self.ticket.take().expect("finished once");
+        let done = now();
+        let mut core = self.stack.lock();
+        core.balancer.finish(done, &ticket, outcome);
+        if let Some(report) = report {
+            core.balancer.on_load_report(done, &ticket.node, report);
+        }
+        if matches!(outcome, Outcome::Failure | Outcome::TimedOut) {
+            if let Some(s) = core.stats.get_mut(&ticket.node) {
+                s.failures += 1;
+                if outcome == Outcome::TimedOut {
+                    s.timeouts += 1;
+                }
             }
         }
     }
+}
 
-    fn record_attempt(&self, node: &str) {
-        let mut stats = self.stats.lock().expect("stats lock");
-        let s = stats.entry(node.to_string()).or_default();
-        s.attempts += 1;
-        s.last_attempt_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-    }
-
-    fn no_node(&self, e: PickError) -> ClientError {
-        let known = self.nodes.lock().expect("nodes lock").len();
-        ClientError::NoNode {
-            service: self.config.service.clone(),
-            detail: match e {
-                PickError::NoNodes => "no node is registered".to_string(),
-                PickError::AllUnavailable => {
-                    format!("all {known} node(s) are draining, ejected or already tried")
-                }
-            },
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            // A panic elsewhere must not stop the count from coming down.
+            let mut core = self.stack.core.lock().unwrap_or_else(|e| e.into_inner());
+            core.balancer.finish(now(), &ticket, Outcome::Cancelled);
         }
     }
 }
 
-/// How an error counts for the node that produced it, and whether to retry
-/// it on another node.
-fn classify(status: &Status) -> (Outcome, bool) {
-    // tonic reports a connection broken mid-request (the node died) as
-    // UNKNOWN with the transport error as its source; a status the node sent
-    // has no source. Inference requests are safe to run again, so a broken
-    // connection is retried like a refused one.
-    if status.code() == Code::Unknown && std::error::Error::source(status).is_some() {
-        return (Outcome::Failure, true);
+/// How one attempt ended, as the retry layer sees it.
+enum Attempt {
+    Done(Box<tonic::Response<ModelInferResponse>>),
+    /// Try another node (spends an attempt and the retry budget).
+    Retry(Status),
+    /// The node does not have the model: try another node for free.
+    ModelMissing(Status),
+    /// The attempt ran past its per-attempt timeout.
+    TimedOut,
+    /// Give up with this error.
+    Fatal(Status),
+}
+
+impl Stack {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().expect("client lock")
     }
-    match status.code() {
-        // The node is down, unreachable or restarting its worker: retry elsewhere.
-        Code::Unavailable => (Outcome::Failure, true),
-        // The node is full: retry elsewhere, but it is healthy.
-        Code::ResourceExhausted => (Outcome::Neutral, true),
-        Code::Internal | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled => {
-            (Outcome::Failure, false)
+
+    /// Feeds a membership snapshot to the balancer and the connections;
+    /// forgets every per-node state of nodes that left.
+    fn apply(&self, m: &Membership) {
+        let local = self.config.balancer.local_node.as_deref();
+        let mut gone = Vec::new();
+        {
+            let mut core = self.lock();
+            let core = &mut *core;
+            let mut infos = Vec::with_capacity(m.nodes.len());
+            for r in &m.nodes {
+                let keep = core
+                    .peers
+                    .get(&r.node_id)
+                    .is_some_and(|p| p.same_endpoints(r));
+                if !keep {
+                    match Peer::new(r, local == Some(r.node_id.as_str())) {
+                        Ok(peer) => {
+                            core.peers.insert(r.node_id.clone(), Arc::new(peer));
+                        }
+                        Err(e) => {
+                            tracing::warn!(node = %r.node_id, error = %e, "node skipped: unusable endpoint");
+                            core.peers.remove(&r.node_id);
+                            continue;
+                        }
+                    }
+                }
+                infos.push(node_info(r));
+            }
+            core.balancer.set_nodes(now(), infos);
+            core.peers.retain(|id, _| {
+                let member = m.nodes.iter().any(|r| &r.node_id == id);
+                if !member {
+                    gone.push(id.clone());
+                }
+                member
+            });
+            core.stats
+                .retain(|id, _| m.nodes.iter().any(|r| &r.node_id == id));
         }
-        // The caller's mistake: says nothing about the node.
-        _ => (Outcome::Neutral, false),
+        for node in gone {
+            self.transport.forget(&node);
+        }
     }
+
+    /// The balancer layer: picks a node for `model`, never one in `tried`,
+    /// and counts the attempt in flight there, under one lock.
+    fn start(&self, tried: &[String], model: Option<&str>) -> Result<InFlight<'_>, PickError> {
+        let mut core = self.lock();
+        let ticket = core.balancer.start(now(), tried, model)?;
+        let Some(peer) = core.peers.get(&ticket.node).cloned() else {
+            // Only nodes with a peer are given to the balancer.
+            unreachable!("a member without a connection");
+        };
+        let stats = core.stats.entry(ticket.node.clone()).or_default();
+        stats.attempts += 1;
+        stats.last_attempt_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Ok(InFlight {
+            stack: self,
+            ticket: Some(ticket),
+            peer,
+        })
+    }
+
+    /// The time the attempt on `node` may take: while another attempt
+    /// could follow, the node's per-attempt timeout capped by half the
+    /// call's time left (so that one stalled node cannot use up the whole
+    /// deadline); the last attempt, and one to a node with no latency
+    /// sample yet, gets all the time left.
+    fn attempt_timeout(&self, node: &str, left: Duration, more_attempts: bool) -> Duration {
+        if !more_attempts {
+            return left;
+        }
+        match self.lock().balancer.attempt_timeout(node) {
+            Some(t) => t.min(left / 2),
+            None => left,
+        }
+    }
+
+    /// The node layer: one attempt within `timeout`; the guard records how
+    /// it ended.
+    async fn attempt(
+        &self,
+        guard: InFlight<'_>,
+        req: &ModelInferRequest,
+        timeout: Duration,
+    ) -> Attempt {
+        let peer = Arc::clone(&guard.peer);
+        let call = self.transport.call(&peer, req, timeout);
+        let result = match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => {
+                guard.finish(Outcome::TimedOut, None);
+                return Attempt::TimedOut;
+            }
+        };
+        let status = match result {
+            Ok(resp) => {
+                let report = WireLoadReport::from_metadata(resp.metadata()).map(|r| LoadReport {
+                    in_flight: r.in_flight,
+                    queued: r.queued,
+                    busy_ratio: r.busy_ratio,
+                    weight: r.weight,
+                });
+                guard.finish(Outcome::Success, report);
+                return Attempt::Done(Box::new(resp));
+            }
+            Err(PathError::Status(s) | PathError::Suspect(s)) => s,
+            Err(e @ (PathError::Broken(_) | PathError::NotApplicable(_))) => {
+                Status::unavailable(e.to_string())
+            }
+        };
+        // tonic reports a connection broken mid-request (the node died) as
+        // UNKNOWN with the transport error as its source; a status the node
+        // sent has no source. Inference requests are safe to run again, so a
+        // broken connection is retried like a refused one.
+        let broken = status.code() == Code::Unknown && std::error::Error::source(&status).is_some();
+        let (outcome, attempt) = match status.code() {
+            _ if broken => (Outcome::Failure, Attempt::Retry(status)),
+            // Down, unreachable or restarting its worker: retry elsewhere.
+            Code::Unavailable => (Outcome::Failure, Attempt::Retry(status)),
+            // Full: retry elsewhere, but it is healthy.
+            Code::ResourceExhausted => (Outcome::Neutral, Attempt::Retry(status)),
+            // The node does not have the model: says nothing about its health.
+            Code::NotFound => (Outcome::Neutral, Attempt::ModelMissing(status)),
+            // The node gave up on the attempt's deadline: a timeout.
+            Code::DeadlineExceeded => (Outcome::TimedOut, Attempt::TimedOut),
+            Code::Internal | Code::Unknown | Code::Cancelled => {
+                (Outcome::Failure, Attempt::Fatal(status))
+            }
+            // The caller's mistake: says nothing about the node.
+            _ => (Outcome::Neutral, Attempt::Fatal(status)),
+        };
+        guard.finish(outcome, None);
+        attempt
+    }
+
+    fn no_node(&self, e: PickError, model: Option<&str>) -> ClientError {
+        let service = self.config.service.clone();
+        match (e, model) {
+            (PickError::NoModel, Some(model)) => ClientError::ModelNotFound {
+                service,
+                model: model.to_string(),
+                known: known_models(&self.membership.borrow().nodes),
+            },
+            (PickError::NoNodes, _) => ClientError::NoNode {
+                service,
+                detail: "no node is registered".into(),
+            },
+            _ => {
+                let known = self.lock().peers.len();
+                ClientError::NoNode {
+                    service,
+                    detail: format!("all {known} node(s) are draining, ejected or already tried"),
+                }
+            }
+        }
+    }
+}
+
+/// What discovery says about a node, for the balancer.
+fn node_info(r: &NodeRecord) -> NodeInfo {
+    NodeInfo {
+        id: r.node_id.clone(),
+        weight: r.weight,
+        state: match r.state {
+            WireState::Serving => NodeState::Serving,
+            WireState::Draining => NodeState::Draining,
+            WireState::Degraded => NodeState::Degraded,
+        },
+        zone: r.zone.clone(),
+        // A node that lists no models (a static list) may be sent any.
+        models: (!r.models.is_empty()).then(|| {
+            r.models
+                .iter()
+                .filter(|m| m.ready)
+                .map(|m| m.name.clone())
+                .collect()
+        }),
+    }
+}
+
+/// `node-a [dense], node-b [other, x (not ready)]`, at most 16 nodes.
+fn known_models(nodes: &[NodeRecord]) -> String {
+    const MAX: usize = 16;
+    if nodes.is_empty() {
+        return "no nodes".into();
+    }
+    let mut out: Vec<String> = nodes
+        .iter()
+        .take(MAX)
+        .map(|r| {
+            let models: Vec<String> = r
+                .models
+                .iter()
+                .map(|m| {
+                    if m.ready {
+                        m.name.clone()
+                    } else {
+                        format!("{} (not ready)", m.name)
+                    }
+                })
+                .collect();
+            format!("{} [{}]", r.node_id, models.join(", "))
+        })
+        .collect();
+    if nodes.len() > MAX {
+        out.push(format!("and {} more", nodes.len() - MAX));
+    }
+    out.join(", ")
 }
 
 impl Client {
@@ -321,125 +595,127 @@ impl Client {
 
     /// The nodes currently known.
     pub fn nodes(&self) -> Vec<NodeRecord> {
-        self.inner.membership.borrow().nodes.clone()
+        self.stack.membership.borrow().nodes.clone()
     }
 
     /// Requests per transport path: attempts, successes, failures and
     /// fallbacks to the next path down.
     pub fn path_counters(&self) -> infermesh_transport::LadderCounters {
-        self.inner.paths.counters()
+        self.stack.transport.counters()
     }
 
-    /// What the client has sent to each node so far.
+    /// What the client has sent to each member node so far.
     pub fn node_stats(&self) -> HashMap<String, NodeStats> {
-        self.inner.stats.lock().expect("stats lock").clone()
+        let core = self.stack.lock();
+        let mut stats = core.stats.clone();
+        for (node, s) in &mut stats {
+            s.in_flight = core.balancer.in_flight(node).unwrap_or(0);
+        }
+        stats
     }
 
     /// A snapshot of membership and its freshness.
     pub fn membership(&self) -> Arc<Membership> {
-        self.inner.membership.borrow().clone()
+        self.stack.membership.borrow().clone()
     }
 
-    /// Sends `req` to the best node; on UNAVAILABLE, RESOURCE_EXHAUSTED or a
-    /// connection error retries on a different node while the deadline and
-    /// the retry budget allow. Returns the response and the node that gave it.
+    /// Sends `req` to the best node serving its model; on UNAVAILABLE,
+    /// RESOURCE_EXHAUSTED, a connection error or a per-attempt timeout
+    /// retries on a different node while the deadline, `max_attempts` and
+    /// the retry budget allow; on NOT_FOUND marks the model missing on that
+    /// node and tries another. Returns the response and the node that gave it.
     pub async fn infer_on(
         &self,
         req: ModelInferRequest,
     ) -> Result<(ModelInferResponse, String), ClientError> {
-        let inner = &self.inner;
-        let deadline = Instant::now() + inner.config.deadline;
+        let stack = &*self.stack;
+        let config = &stack.config;
+        let start = now();
+        let deadline = start + config.deadline;
+        let model = (!req.model_name.is_empty()).then_some(req.model_name.as_str());
         let mut tried: Vec<String> = Vec::new();
+        let mut attempts = 0u32;
         let mut last_error: Option<Status> = None;
-        inner
-            .budget
-            .lock()
-            .expect("budget lock")
-            .on_request(Instant::now());
+        let mut timed_out = false;
+        stack.lock().budget.on_request(start);
         loop {
-            let now = Instant::now();
-            let pick = inner
-                .balancer
-                .lock()
-                .expect("balancer lock")
-                .pick(now, &tried);
-            let node = match (pick, last_error.take()) {
-                (Ok(p), _) => p.node,
+            let left = deadline.saturating_duration_since(now());
+            if left.is_zero() {
+                return Err(ClientError::DeadlineExceeded {
+                    deadline: config.deadline,
+                    attempts,
+                    last: last_error.map(|s| s.to_string()),
+                });
+            }
+            let guard = match (stack.start(&tried, model), last_error.take()) {
+                (Ok(guard), _) => guard,
+                (Err(PickError::NoModel), _) => {
+                    return Err(stack.no_node(PickError::NoModel, model));
+                }
                 // Nowhere left to retry: the caller gets the real error.
+                (Err(_), _) if timed_out => {
+                    return Err(ClientError::DeadlineExceeded {
+                        deadline: config.deadline,
+                        attempts,
+                        last: None,
+                    });
+                }
                 (Err(_), Some(status)) => return Err(ClientError::Status(status)),
-                (Err(e), None) => return Err(inner.no_node(e)),
+                (Err(e), None) => return Err(stack.no_node(e, model)),
             };
-            let Some((mut client, channel, rdma)) =
-                inner.nodes.lock().expect("nodes lock").get(&node).map(|n| {
-                    let rdma = n.record.endpoints.rdma.is_some();
-                    (n.client.clone(), n.channel.clone(), rdma)
-                })
-            else {
-                tried.push(node);
-                continue;
-            };
-            inner
-                .balancer
-                .lock()
-                .expect("balancer lock")
-                .on_send(now, &node);
-            inner.record_attempt(&node);
-            let timeout = deadline
-                .saturating_duration_since(now)
+            let node = guard.node().to_string();
+            let counted = attempts as usize;
+            attempts += 1;
+            let more = counted + 1 < config.max_attempts;
+            let timeout = stack
+                .attempt_timeout(&node, left, more)
                 .max(Duration::from_millis(1));
-            let local = inner.config.balancer.local_node.as_deref() == Some(node.as_str());
-            let peer = Peer {
-                node: &node,
-                local,
-                rdma,
-                channel: &channel,
-            };
-            let result = inner.paths.call(peer, &mut client, &req, timeout).await;
-            let latency = now.elapsed();
-            let done = Instant::now();
+            let result = stack.attempt(guard, &req, timeout).await;
+            let retry =
+                |stack: &Stack| more && now() < deadline && stack.lock().budget.try_retry(now());
             match result {
-                Ok(resp) => {
-                    let mut b = inner.balancer.lock().expect("balancer lock");
-                    b.on_response(done, &node, latency, Outcome::Success);
-                    if let Some(r) = WireLoadReport::from_metadata(resp.metadata()) {
-                        let report = LoadReport {
-                            in_flight: r.in_flight,
-                            queued: r.queued,
-                            busy_ratio: r.busy_ratio,
-                            weight: r.weight,
-                        };
-                        b.on_load_report(done, &node, report);
+                Attempt::Done(resp) => return Ok((resp.into_inner(), node)),
+                Attempt::ModelMissing(status) => {
+                    if let Some(model) = model {
+                        stack.lock().balancer.model_missing(&node, model);
                     }
-                    return Ok((resp.into_inner(), node));
+                    tracing::debug!(%node, ?model, "node does not have the model; trying another");
+                    // Not an attempt against the limit: the node is now
+                    // excluded for this model, so this cannot repeat forever.
+                    attempts -= 1;
+                    tried.push(node);
+                    last_error = Some(status);
                 }
-                Err(status) => {
-                    inner
-                        .stats
-                        .lock()
-                        .expect("stats lock")
-                        .entry(node.clone())
-                        .or_default()
-                        .failures += 1;
-                    let (outcome, retryable) = classify(&status);
-                    inner
-                        .balancer
-                        .lock()
-                        .expect("balancer lock")
-                        .on_response(done, &node, latency, outcome);
-                    let time_left = Instant::now() < deadline;
-                    let attempts_left = tried.len() + 1 < inner.config.max_attempts;
-                    if retryable
-                        && time_left
-                        && attempts_left
-                        && inner.budget.lock().expect("budget lock").try_retry(done)
-                    {
-                        tracing::debug!(%node, code = ?status.code(), "retrying on another node");
-                        tried.push(node);
-                        last_error = Some(status);
-                        continue;
+                Attempt::TimedOut => {
+                    if !retry(stack) {
+                        return Err(ClientError::DeadlineExceeded {
+                            deadline: config.deadline,
+                            attempts,
+                            last: Some(format!(
+                                "attempt on node '{node}' timed out after {timeout:?}"
+                            )),
+                        });
                     }
-                    return Err(ClientError::Status(status));
+                    tracing::debug!(%node, ?timeout, "attempt timed out; retrying on another node");
+                    timed_out = true;
+                    tried.push(node);
                 }
+                Attempt::Retry(status) => {
+                    if !retry(stack) {
+                        return Err(ClientError::Status(status));
+                    }
+                    tracing::debug!(%node, code = ?status.code(), "retrying on another node");
+                    tried.push(node);
+                    last_error = Some(status);
+                }
+                Attempt::Fatal(status) if status.code() == Code::DeadlineExceeded => {
+                    return Err(ClientError::DeadlineExceeded {
+                        deadline: config.deadline,
+                        attempts,
+                        last: Some(status.to_string()),
+                    });
+                }
+                Attempt::Fatal(status) => return Err(ClientError::Status(status)),
             }
         }
     }
@@ -486,8 +762,8 @@ impl Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("service", &self.inner.config.service)
-            .field("registry", &self.inner.config.registry)
+            .field("service", &self.stack.config.service)
+            .field("registry", &self.stack.config.registry)
             .finish()
     }
 }

@@ -109,6 +109,11 @@ pub struct RawBalancer {
     /// See [`BalancerConfig::load_report_ttl`].
     #[serde(default, with = "humantime_serde")]
     pub load_report_ttl: Option<Duration>,
+    /// See [`BalancerConfig::attempt_timeout_factor`].
+    pub attempt_timeout_factor: Option<f64>,
+    /// See [`BalancerConfig::attempt_timeout_floor`].
+    #[serde(default, with = "humantime_serde")]
+    pub attempt_timeout_floor: Option<Duration>,
 }
 
 /// `[transport]`.
@@ -371,7 +376,20 @@ fn balancer_config(raw: &RawBalancer, problems: &mut Vec<String>) -> BalancerCon
         max_ejected_share: raw.max_ejected_share.unwrap_or(d.max_ejected_share),
         slow_start: raw.slow_start.unwrap_or(d.slow_start),
         load_report_ttl: raw.load_report_ttl.unwrap_or(d.load_report_ttl),
+        attempt_timeout_factor: raw
+            .attempt_timeout_factor
+            .unwrap_or(d.attempt_timeout_factor),
+        attempt_timeout_floor: raw.attempt_timeout_floor.unwrap_or(d.attempt_timeout_floor),
     };
+    if !(cfg.attempt_timeout_factor.is_finite() && cfg.attempt_timeout_factor >= 1.0) {
+        problems.push(format!(
+            "balancer.attempt_timeout_factor: {} must be a number of at least 1",
+            cfg.attempt_timeout_factor
+        ));
+    }
+    if cfg.attempt_timeout_floor.is_zero() {
+        problems.push("balancer.attempt_timeout_floor: must be above zero".into());
+    }
     if !(cfg.local_bias.is_finite() && cfg.local_bias > 0.0) {
         problems.push(format!(
             "balancer.local_bias: {} must be a positive number",

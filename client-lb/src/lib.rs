@@ -44,10 +44,11 @@ mod retry_budget;
 
 pub use client::{Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;
-pub use paths::PathsConfig;
+pub use paths::{Fallback, PathError, PathsConfig, Peer, Transport};
 pub use rdma_path::{RdmaPath, RdmaPathError};
 pub use retry_budget::RetryBudget;
 
 pub use balancer::{
     Balancer, BalancerConfig, LoadReport, NodeId, NodeInfo, NodeState, Outcome, Pick, PickError,
+    Ticket,
 };

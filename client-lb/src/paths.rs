@@ -1,38 +1,55 @@
-//! The transport ladder on the client side: which path a request's tensors
-//! take to the node the balancer picked.
+//! The bottom of the client's stack: how a request's tensors reach the node
+//! the balancer picked.
 //!
-//! - **shm** — the node is the local one (`ClientBuilder::local_node`): the
-//!   inputs are written into a pooled POSIX shared-memory region, registered
-//!   once with the agent (Triton's `SystemSharedMemoryRegister`), and the
-//!   request carries references; outputs come back the same way. No
-//!   allocation per request once the pool is warm.
-//! - **rdma** — the node advertises an RDMA endpoint and the client has an
-//!   engine (`PathsConfig::rdma`): inputs are pulled by the agent with RDMA
-//!   READ from registered buffers, outputs pushed with RDMA WRITE (see
-//!   [`crate::rdma_path`]).
-//! - **grpc** — tensors inline in the request: the path that always works.
+//! Each way is a [`Transport`] — an object-safe trait (`dyn Transport`), one
+//! implementation per rung:
 //!
-//! A path that fails (the region cannot be created, the agent refuses it, a
-//! reference is rejected) is marked broken for that node by the sans-IO
-//! [`Ladder`] and the *same* request is re-sent inline at once: no request
-//! fails because a fast path broke. The ladder re-probes a broken path after
-//! `reprobe_after` (doubling while it keeps failing). Ordinary gRPC errors
-//! (UNAVAILABLE, RESOURCE_EXHAUSTED, ...) are not path failures; they go back
-//! to the caller's retry logic.
+//! - [`ShmRung`] — the node is the local one (`ClientBuilder::local_node`):
+//!   the inputs are written into a pooled POSIX shared-memory region,
+//!   registered once with the agent (Triton's `SystemSharedMemoryRegister`),
+//!   and the request carries references; outputs come back the same way.
+//! - [`RdmaRung`] — the node advertises an RDMA endpoint and the client has
+//!   an engine (`PathsConfig::rdma`): inputs are pulled by the agent with
+//!   RDMA READ from registered buffers, outputs pushed with RDMA WRITE (see
+//!   [`crate::rdma_path`]); it sets up a queue pair per node over the node's
+//!   gRPC channel, which is why a transport gets the whole [`Peer`].
+//! - [`GrpcRung`] — tensors inline in the request: the rung that always works.
+//!
+//! [`Fallback`] is the combinator over them, itself a [`Transport`]: it asks
+//! the sans-IO [`Ladder`] which rung to use for the node, and when a rung
+//! fails as a path ([`PathError::Broken`]) marks it broken for that node and
+//! re-sends the *same* request on the next rung at once: no request fails
+//! because a fast path broke. The ladder re-probes a broken rung after
+//! `reprobe_after` (doubling while it keeps failing). A node's answer
+//! ([`PathError::Status`]: UNAVAILABLE, RESOURCE_EXHAUSTED, ...) is not a
+//! path failure; it goes up to the retry layer. Errors are told apart by
+//! type, never by message text.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
+use infermesh_proto::registry::NodeRecord;
+use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, channel::oip_channel};
 use infermesh_rdma::RdmaEngine;
 use infermesh_transport::shm::{PoolConfig, ShmDir, ShmPool};
-use infermesh_transport::{Ladder, LadderConfig, LadderCounters, Path, ShmTransport, Transport};
+use infermesh_transport::{
+    Ladder, LadderConfig, LadderCounters, Path, ShmTransport, Transport as _,
+};
 use tonic::transport::Channel;
-
-use crate::rdma_path::{RdmaPath, RdmaPathError};
 use tonic::{Code, Response, Status};
+
+use crate::balancer::NodeId;
+use crate::config::{DEFAULT_REPROBE_AFTER, DEFAULT_SHM_POOL_BYTES};
+use crate::rdma_path::{RdmaPath, RdmaPathError};
+
+/// A boxed, sendable future: what [`Transport::call`] returns, so that the
+/// trait stays object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How the client picks transports.
 #[derive(Debug, Clone)]
@@ -55,227 +72,427 @@ impl Default for PathsConfig {
     fn default() -> Self {
         Self {
             prefer: vec![Path::Shm, Path::Rdma, Path::Grpc],
-            shm_pool_bytes: 256 << 20,
-            reprobe_after: Duration::from_secs(30),
+            shm_pool_bytes: DEFAULT_SHM_POOL_BYTES,
+            reprobe_after: DEFAULT_REPROBE_AFTER,
             shm_dir: None,
             rdma: None,
         }
     }
 }
 
-/// The client's transports and the ladder over them.
-pub struct Paths {
-    ladder: Mutex<Ladder>,
-    rdma: Option<RdmaPath>,
-    shm_pool: Option<ShmPool>,
-    shm: Mutex<HashMap<String, ShmTransport>>,
-}
-
-/// The node a request goes to, as the transports need it.
-#[derive(Clone, Copy)]
-pub struct Peer<'a> {
+/// A member node as the transports see it: its id, where it runs, and the
+/// one HTTP/2 connection to it. Made once per node when it joins.
+pub struct Peer {
     /// Node id.
-    pub node: &'a str,
+    pub node: NodeId,
     /// It runs on this host (shared memory is possible).
     pub local: bool,
     /// It advertises an RDMA endpoint.
     pub rdma: bool,
-    /// The connection to it (the RDMA control path uses it).
-    pub channel: &'a Channel,
+    /// The address of its gRPC endpoint.
+    pub grpc_addr: String,
+    /// The connection to it (the RDMA control path uses it too).
+    pub channel: Channel,
+    client: GrpcInferenceServiceClient<Channel>,
 }
 
-enum Attempt {
-    /// The path itself failed: re-send inline.
-    Broken(String),
-    /// The node answered with an error: the caller's retry logic decides.
+impl Peer {
+    /// The peer for `record`, connecting lazily to its gRPC endpoint.
+    pub fn new(record: &NodeRecord, local: bool) -> Result<Self, String> {
+        let channel = oip_channel(&record.endpoints.grpc, Duration::from_secs(1))
+            .map_err(|e| format!("node '{}': {e}", record.node_id))?;
+        let client = GrpcInferenceServiceClient::new(channel.clone())
+            .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES);
+        Ok(Peer {
+            node: record.node_id.clone(),
+            local,
+            rdma: record.endpoints.rdma.is_some(),
+            grpc_addr: record.endpoints.grpc.clone(),
+            channel,
+            client,
+        })
+    }
+
+    /// Whether `record` can still be reached through this peer (same
+    /// endpoints), so that its connection is kept.
+    pub fn same_endpoints(&self, record: &NodeRecord) -> bool {
+        self.grpc_addr == record.endpoints.grpc && self.rdma == record.endpoints.rdma.is_some()
+    }
+
+    /// A handle on the inference service of the node.
+    pub fn grpc(&self) -> GrpcInferenceServiceClient<Channel> {
+        self.client.clone()
+    }
+}
+
+/// Why a transport could not deliver a request.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// The node answered with a gRPC status, or the connection failed: not
+    /// a fault of the path; the retry layer decides.
+    #[error(transparent)]
     Status(Status),
+    /// This request cannot take this path (the path itself is fine): send
+    /// it on the next rung.
+    #[error("request not suited to this path: {0}")]
+    NotApplicable(String),
+    /// The path to this node failed: mark it broken, re-send on the next rung.
+    #[error("path broken: {0}")]
+    Broken(String),
+    /// The node refused the request on this path as invalid even after the
+    /// path was set up afresh: either the path or the request is at fault.
+    /// The next rung decides: if it succeeds the path is marked broken, if
+    /// it refuses too the caller gets its answer.
+    #[error("refused on this path: {0}")]
+    Suspect(Status),
 }
 
-impl Paths {
-    /// Transports as configured.
-    pub fn new(config: &PathsConfig) -> Self {
-        let shm_pool = config.prefer.contains(&Path::Shm).then(|| {
-            let mut pool = PoolConfig {
-                max_total_bytes: config.shm_pool_bytes,
-                ..PoolConfig::default()
-            };
-            if let Some(dir) = &config.shm_dir {
-                pool.dir = ShmDir::new(dir.clone());
-            }
-            ShmPool::new(pool)
-        });
-        let rdma = config
-            .rdma
-            .clone()
-            .filter(|_| config.prefer.contains(&Path::Rdma))
-            .map(RdmaPath::new);
-        let mut supported = vec![Path::Shm, Path::Grpc];
-        if rdma.is_some() {
-            supported.push(Path::Rdma);
+/// One way of carrying a request to a node. Object-safe: the client holds
+/// a `dyn Transport` (a [`Fallback`] over the rungs, or whatever a caller
+/// passes to `ClientBuilder::transport`).
+pub trait Transport: Send + Sync {
+    /// The path this transport implements (a combinator answers with its
+    /// last resort).
+    fn path(&self) -> Path;
+
+    /// Whether this transport can reach `peer` at all (shared memory only a
+    /// local node, RDMA only a node that advertises it).
+    fn reaches(&self, peer: &Peer) -> bool;
+
+    /// Sends `req` to `peer`; `timeout` is the attempt's time left (sent to
+    /// the node as the gRPC deadline; the caller enforces it too).
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>>;
+
+    /// Forgets what is kept for `node` (it left the membership).
+    fn forget(&self, _node: &str) {}
+
+    /// Per-path counters, for a transport that keeps them.
+    fn counters(&self) -> LadderCounters {
+        LadderCounters::default()
+    }
+}
+
+/// Tensors inline in gRPC messages.
+#[derive(Debug, Default)]
+pub struct GrpcRung;
+
+impl Transport for GrpcRung {
+    fn path(&self) -> Path {
+        Path::Grpc
+    }
+
+    fn reaches(&self, _peer: &Peer) -> bool {
+        true
+    }
+
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(async move {
+            let mut request = tonic::Request::new(req.clone());
+            request.set_timeout(timeout);
+            peer.grpc()
+                .model_infer(request)
+                .await
+                .map_err(PathError::Status)
+        })
+    }
+}
+
+/// Shared memory with an agent on this host.
+pub struct ShmRung {
+    pool: ShmPool,
+    per_node: Mutex<HashMap<NodeId, ShmTransport>>,
+}
+
+impl ShmRung {
+    /// A pool of `pool_bytes` in `dir` (`/dev/shm` when `None`).
+    pub fn new(pool_bytes: u64, dir: Option<std::path::PathBuf>) -> Self {
+        let mut config = PoolConfig {
+            max_total_bytes: pool_bytes,
+            ..PoolConfig::default()
+        };
+        if let Some(dir) = dir {
+            config.dir = ShmDir::new(dir);
         }
+        ShmRung {
+            pool: ShmPool::new(config),
+            per_node: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn transport(&self, node: &str) -> ShmTransport {
+        self.per_node
+            .lock()
+            .expect("shm lock")
+            .entry(node.to_string())
+            .or_insert_with(|| ShmTransport::new(self.pool.clone(), node))
+            .clone()
+    }
+}
+
+impl Transport for ShmRung {
+    fn path(&self) -> Path {
+        Path::Shm
+    }
+
+    fn reaches(&self, peer: &Peer) -> bool {
+        peer.local
+    }
+
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(async move {
+            let transport = self.transport(&peer.node);
+            let mut client = peer.grpc();
+            // An INVALID_ARGUMENT may mean the agent no longer knows our
+            // region (our connection was re-established, so the registration
+            // is gone): register afresh and send once more.
+            for again in [false, true] {
+                let mut staged_req = req.clone();
+                let mut staged = transport
+                    .stage(&mut staged_req)
+                    .map_err(|e| PathError::Broken(e.to_string()))?;
+                if let Some(reg) = staged.needs_register() {
+                    match client.system_shared_memory_register(reg.to_request()).await {
+                        Ok(_) => {}
+                        Err(s) if s.code() == Code::AlreadyExists => {}
+                        Err(s) => {
+                            return Err(PathError::Broken(format!(
+                                "registering the region: {}",
+                                s.message()
+                            )));
+                        }
+                    }
+                    staged.mark_registered();
+                }
+                let mut request = tonic::Request::new(staged_req);
+                request.set_timeout(timeout);
+                match client.model_infer(request).await {
+                    Ok(mut resp) => {
+                        transport
+                            .complete(staged, resp.get_mut())
+                            .map_err(|e| PathError::Broken(e.to_string()))?;
+                        return Ok(resp);
+                    }
+                    Err(s) if s.code() == Code::InvalidArgument => {
+                        transport.forget_registrations();
+                        if again {
+                            return Err(PathError::Suspect(s));
+                        }
+                    }
+                    Err(s) => return Err(PathError::Status(s)),
+                }
+            }
+            unreachable!("the loop returns")
+        })
+    }
+
+    fn forget(&self, node: &str) {
+        self.per_node.lock().expect("shm lock").remove(node);
+    }
+}
+
+/// RDMA between hosts that both have a verbs device.
+pub struct RdmaRung(RdmaPath);
+
+impl RdmaRung {
+    /// The rung over `engine`.
+    pub fn new(engine: RdmaEngine) -> Self {
+        RdmaRung(RdmaPath::new(engine))
+    }
+}
+
+impl Transport for RdmaRung {
+    fn path(&self) -> Path {
+        Path::Rdma
+    }
+
+    fn reaches(&self, peer: &Peer) -> bool {
+        peer.rdma
+    }
+
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(async move {
+            self.0
+                .infer(&peer.node, peer.channel.clone(), req.clone(), timeout)
+                .await
+                .map_err(|e| match e {
+                    RdmaPathError::Status(s) => PathError::Status(s),
+                    RdmaPathError::NotApplicable(why) => PathError::NotApplicable(why),
+                    RdmaPathError::PathBroken(why) => PathError::Broken(why),
+                })
+        })
+    }
+
+    fn forget(&self, node: &str) {
+        self.0.forget(node);
+    }
+}
+
+/// The transport ladder: rungs in order of preference, the last one always
+/// [`GrpcRung`], with fallback to the next rung when one breaks.
+pub struct Fallback {
+    rungs: Vec<Box<dyn Transport>>,
+    ladder: Mutex<Ladder>,
+}
+
+impl Fallback {
+    /// Rungs as configured (`prefer` order; gRPC added last).
+    pub fn new(config: &PathsConfig) -> Self {
+        let mut rungs: Vec<Box<dyn Transport>> = Vec::new();
+        for path in &config.prefer {
+            match path {
+                Path::Shm => rungs.push(Box::new(ShmRung::new(
+                    config.shm_pool_bytes,
+                    config.shm_dir.clone(),
+                ))),
+                Path::Rdma => {
+                    if let Some(engine) = &config.rdma {
+                        rungs.push(Box::new(RdmaRung::new(engine.clone())));
+                    }
+                }
+                Path::Grpc => {}
+            }
+        }
+        rungs.push(Box::new(GrpcRung));
+        Self::with_rungs(rungs, config.reprobe_after)
+    }
+
+    /// A ladder over `rungs`, in order; a [`GrpcRung`] is added when the
+    /// last is not gRPC.
+    pub fn with_rungs(mut rungs: Vec<Box<dyn Transport>>, reprobe_after: Duration) -> Self {
+        if rungs.last().is_none_or(|r| r.path() != Path::Grpc) {
+            rungs.push(Box::new(GrpcRung));
+        }
+        let paths: Vec<Path> = rungs.iter().map(|r| r.path()).collect();
         let ladder = Ladder::new(LadderConfig {
-            preference: config.prefer.clone(),
-            supported,
-            reprobe_after: config.reprobe_after,
+            preference: paths.clone(),
+            supported: paths,
+            reprobe_after,
             ..LadderConfig::default()
         });
-        Self {
+        Fallback {
+            rungs,
             ladder: Mutex::new(ladder),
-            rdma,
-            shm_pool,
-            shm: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Per-path counters (attempts, successes, failures, fallbacks).
-    pub fn counters(&self) -> LadderCounters {
-        self.ladder.lock().expect("ladder lock").counters()
+    fn index(&self, path: Path) -> usize {
+        self.rungs
+            .iter()
+            .position(|r| r.path() == path)
+            .unwrap_or(self.rungs.len() - 1)
     }
 
-    /// Sends `req` to `peer` on the best path that works.
-    pub async fn call(
-        &self,
-        peer: Peer<'_>,
-        client: &mut GrpcInferenceServiceClient<Channel>,
-        req: &ModelInferRequest,
+    fn ladder(&self) -> std::sync::MutexGuard<'_, Ladder> {
+        self.ladder.lock().expect("ladder lock")
+    }
+}
+
+fn now() -> std::time::Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl Transport for Fallback {
+    fn path(&self) -> Path {
+        Path::Grpc
+    }
+
+    fn reaches(&self, _peer: &Peer) -> bool {
+        true
+    }
+
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
         timeout: Duration,
-    ) -> Result<Response<ModelInferResponse>, Status> {
-        let node = peer.node;
-        let mut advertised = Vec::with_capacity(3);
-        if peer.local && self.shm_pool.is_some() {
-            advertised.push(Path::Shm);
-        }
-        if peer.rdma && self.rdma.is_some() {
-            advertised.push(Path::Rdma);
-        }
-        advertised.push(Path::Grpc);
-        let advertised = advertised.as_slice();
-        let path =
-            self.ladder
-                .lock()
-                .expect("ladder lock")
-                .choose(node, advertised, Instant::now());
-        if path == Path::Shm {
-            match self.call_shm(node, client, req, timeout).await {
-                Ok(resp) => {
-                    self.ladder.lock().expect("ladder lock").on_success(
-                        node,
-                        Path::Shm,
-                        Instant::now(),
-                    );
-                    return Ok(resp);
-                }
-                Err(Attempt::Status(s)) => return Err(s),
-                Err(Attempt::Broken(reason)) => {
-                    let next = self.ladder.lock().expect("ladder lock").on_failure(
-                        node,
-                        Path::Shm,
-                        Instant::now(),
-                    );
-                    tracing::warn!(%node, %reason, fallback = %next, "shared-memory path failed; re-sending the request inline");
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(async move {
+            let node = peer.node.as_str();
+            let mut advertised = [Path::Grpc; 3];
+            let mut n = 0;
+            for rung in &self.rungs {
+                if n < advertised.len() && rung.reaches(peer) {
+                    advertised[n] = rung.path();
+                    n += 1;
                 }
             }
-        }
-        if path == Path::Rdma {
-            let rdma = self.rdma.as_ref().expect("chosen only when configured");
-            match rdma
-                .infer(node, peer.channel.clone(), req.clone(), timeout)
-                .await
-            {
-                Ok(resp) => {
-                    self.ladder.lock().expect("ladder lock").on_success(
-                        node,
-                        Path::Rdma,
-                        Instant::now(),
-                    );
-                    return Ok(resp);
-                }
-                Err(RdmaPathError::Status(s)) => return Err(s),
-                Err(RdmaPathError::NotApplicable(why)) => {
-                    tracing::debug!(%node, %why, "request not suited to RDMA; sending it inline");
-                }
-                Err(RdmaPathError::PathBroken(reason)) => {
-                    let next = self.ladder.lock().expect("ladder lock").on_failure(
-                        node,
-                        Path::Rdma,
-                        Instant::now(),
-                    );
-                    tracing::warn!(%node, %reason, fallback = %next, "RDMA path failed; re-sending the request inline");
+            let mut path = self.ladder().choose(node, &advertised[..n], now());
+            let mut suspect: Option<Path> = None;
+            // Each step moves down the ladder: at most one call per rung.
+            for _ in 0..self.rungs.len() {
+                let index = self.index(path);
+                let rung = &self.rungs[index];
+                let next_down = || {
+                    self.rungs[index + 1..]
+                        .iter()
+                        .find(|r| r.reaches(peer))
+                        .map_or(Path::Grpc, |r| r.path())
+                };
+                match rung.call(peer, req, timeout).await {
+                    Ok(resp) => {
+                        let mut ladder = self.ladder();
+                        if let Some(broken) = suspect {
+                            ladder.on_failure(node, broken, now());
+                            tracing::warn!(%node, path = %broken, "path refused a request another path accepted; marked broken");
+                        }
+                        ladder.on_success(node, path, now());
+                        return Ok(resp);
+                    }
+                    Err(PathError::Status(s)) => return Err(PathError::Status(s)),
+                    Err(PathError::Suspect(s)) if path == Path::Grpc => {
+                        return Err(PathError::Status(s));
+                    }
+                    Err(PathError::Suspect(_)) => {
+                        suspect = Some(path);
+                        path = next_down();
+                    }
+                    Err(PathError::NotApplicable(why)) => {
+                        tracing::debug!(%node, %why, %path, "request not suited to the path; next one down");
+                        path = next_down();
+                    }
+                    Err(PathError::Broken(reason)) if path != Path::Grpc => {
+                        let next = self.ladder().on_failure(node, path, now());
+                        tracing::warn!(%node, %reason, %path, fallback = %next, "path failed; re-sending the request");
+                        path = next;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
-        }
-        let mut request = tonic::Request::new(req.clone());
-        request.set_timeout(timeout);
-        let result = client.model_infer(request).await;
-        if result.is_ok() {
-            self.ladder
-                .lock()
-                .expect("ladder lock")
-                .on_success(node, Path::Grpc, Instant::now());
-        }
-        result
+            Err(PathError::Broken(format!(
+                "no path to node '{node}' worked"
+            )))
+        })
     }
 
-    fn shm_transport(&self, node: &str) -> Option<ShmTransport> {
-        let pool = self.shm_pool.as_ref()?;
-        Some(
-            self.shm
-                .lock()
-                .expect("shm lock")
-                .entry(node.to_string())
-                .or_insert_with(|| ShmTransport::new(pool.clone(), node))
-                .clone(),
-        )
+    fn forget(&self, node: &str) {
+        self.ladder().forget(node);
+        for rung in &self.rungs {
+            rung.forget(node);
+        }
     }
 
-    async fn call_shm(
-        &self,
-        node: &str,
-        client: &mut GrpcInferenceServiceClient<Channel>,
-        req: &ModelInferRequest,
-        timeout: Duration,
-    ) -> Result<Response<ModelInferResponse>, Attempt> {
-        let transport = self
-            .shm_transport(node)
-            .ok_or_else(|| Attempt::Broken("shared memory is off".into()))?;
-        // One more try when the agent no longer knows our region (our
-        // connection was re-established, so the registration is gone).
-        for retry in [false, true] {
-            let mut staged_req = req.clone();
-            let mut staged = transport
-                .stage(&mut staged_req)
-                .map_err(|e| Attempt::Broken(e.to_string()))?;
-            if let Some(reg) = staged.needs_register() {
-                match client.system_shared_memory_register(reg.to_request()).await {
-                    Ok(_) => {}
-                    Err(s) if s.code() == Code::AlreadyExists => {}
-                    Err(s) => {
-                        return Err(Attempt::Broken(format!(
-                            "registering the region: {}",
-                            s.message()
-                        )));
-                    }
-                }
-                staged.mark_registered();
-            }
-            let mut request = tonic::Request::new(staged_req);
-            request.set_timeout(timeout);
-            match client.model_infer(request).await {
-                Ok(mut resp) => {
-                    transport
-                        .complete(staged, resp.get_mut())
-                        .map_err(|e| Attempt::Broken(e.to_string()))?;
-                    return Ok(resp);
-                }
-                Err(s) if s.code() == Code::InvalidArgument && s.message().contains("region") => {
-                    transport.forget_registrations();
-                    if retry {
-                        return Err(Attempt::Broken(s.message().to_string()));
-                    }
-                }
-                Err(s) => return Err(Attempt::Status(s)),
-            }
-        }
-        unreachable!("the loop returns")
+    fn counters(&self) -> LadderCounters {
+        self.ladder().counters()
     }
 }

@@ -227,6 +227,11 @@ impl RdmaPath {
         RdmaPathError::Status(status)
     }
 
+    /// Forgets `peer` (it left the membership): drops its queue pair.
+    pub fn forget(&self, peer: &str) {
+        self.engine.disconnect(peer);
+    }
+
     /// Drops the cached queue pair to `peer`, so the next call sets up a new one.
     fn broken(&self, peer: &str, why: String) -> RdmaPathError {
         tracing::debug!(%peer, %why, "RDMA path broken; the next call reconnects");

@@ -155,6 +155,7 @@ fn replay(s: &Scenario, mut check: impl FnMut(&Seen<'_>) -> Result<(), TestCaseE
                 weight,
                 state,
                 zone: "z".into(),
+                models: None,
             })
             .collect()
     };
@@ -259,6 +260,7 @@ proptest! {
                     prop_assert!(!seen.balancer.nodes().is_empty());
                     prop_assert!(!seen.any_available(), "refused with nodes available");
                 }
+                Err(PickError::NoModel) => prop_assert!(false, "no model was asked for"),
             }
             Ok(())
         });

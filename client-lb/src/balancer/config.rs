@@ -50,6 +50,16 @@ pub struct BalancerConfig {
     /// advertised one, and its count of other clients' requests adds to the
     /// node's load. Older reports are ignored.
     pub load_report_ttl: Duration,
+    /// An attempt to a node is given up after `attempt_timeout_factor ×` the
+    /// node's slow latency estimate (a high, slowly decaying estimate of its
+    /// recent latencies, roughly its p99), at least
+    /// [`attempt_timeout_floor`](Self::attempt_timeout_floor), and never
+    /// past the caller's deadline. A timed-out attempt is a failure towards
+    /// ejection and is retried on another node. Before a node's first answer
+    /// only the deadline applies.
+    pub attempt_timeout_factor: f64,
+    /// The shortest per-attempt timeout.
+    pub attempt_timeout_floor: Duration,
 }
 
 impl Default for BalancerConfig {
@@ -65,6 +75,8 @@ impl Default for BalancerConfig {
             max_ejected_share: 0.5,
             slow_start: Duration::from_secs(10),
             load_report_ttl: Duration::from_secs(5),
+            attempt_timeout_factor: 4.0,
+            attempt_timeout_floor: Duration::from_millis(250),
         }
     }
 }

@@ -83,6 +83,23 @@ pub struct Balancer {
     /// or membership update: the bound of the rejection sampling. It may be
     /// loose (a node's report lowered its weight); the exact scan tightens it.
     weight_bound: f64,
+    /// The serial the next new node gets (see [`Ticket`]).
+    next_serial: u64,
+}
+
+/// A request counted in flight on a node: taken by [`Balancer::start`]
+/// (pick and count in one step), given back to [`Balancer::finish`] with
+/// the outcome. A ticket whose node left (and maybe came back) in between
+/// is ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// The node picked.
+    pub node: NodeId,
+    /// Whether it is the local node.
+    pub local: bool,
+    /// When the request was counted in flight.
+    pub sent: Instant,
+    serial: u64,
 }
 
 /// How much a candidate is preferred; the lowest tier present wins.
@@ -103,6 +120,7 @@ impl Balancer {
             remotes: Vec::new(),
             local: None,
             weight_bound: 0.0,
+            next_serial: 0,
         }
     }
 
@@ -125,16 +143,20 @@ impl Balancer {
         let mut infos = nodes;
         infos.sort_by(|a, b| a.id.cmp(&b.id));
         infos.dedup_by(|later, first| later.id == first.id);
-        self.nodes = infos
-            .into_iter()
-            .map(|info| match old.remove(&info.id) {
+        let mut nodes = Vec::with_capacity(infos.len());
+        for info in infos {
+            nodes.push(match old.remove(&info.id) {
                 Some(mut node) => {
                     node.update(now, info, &self.config);
                     node
                 }
-                None => Node::new(now, info, &self.config),
-            })
-            .collect();
+                None => {
+                    self.next_serial += 1;
+                    Node::new(now, info, &self.config, self.next_serial)
+                }
+            });
+        }
+        self.nodes = nodes;
         self.local = self
             .config
             .local_node
@@ -152,18 +174,94 @@ impl Balancer {
     /// Chooses a node for a request, never one in `exclude` (the nodes this
     /// request has already tried).
     pub fn pick(&mut self, now: Instant, exclude: &[NodeId]) -> Result<Pick, PickError> {
-        if self.nodes.is_empty() {
-            return Err(PickError::NoNodes);
-        }
-        let chosen = match self.draw_serving_remote(now, exclude, None) {
-            Some(first) => self.pick_among_serving(now, exclude, first),
-            None => self.pick_by_scan(now, exclude),
-        }
-        .ok_or(PickError::AllUnavailable)?;
+        let chosen = self.choose(
+            now,
+            &Filter {
+                exclude,
+                model: None,
+            },
+        )?;
         Ok(Pick {
             local: Some(chosen) == self.local,
             node: self.nodes[chosen].id().to_string(),
         })
+    }
+
+    /// Picks a node for a request for `model` (any node when `None`), never
+    /// one in `exclude`, and counts the request in flight there, in one
+    /// step: concurrent callers holding the lock around this see each
+    /// other's picks. Give the ticket back to [`finish`](Self::finish).
+    ///
+    /// Only nodes that advertise `model` as ready (or advertise no models)
+    /// and have not answered `NOT_FOUND` for it are candidates;
+    /// [`PickError::NoModel`] when no node at all would be.
+    pub fn start(
+        &mut self,
+        now: Instant,
+        exclude: &[NodeId],
+        model: Option<&str>,
+    ) -> Result<Ticket, PickError> {
+        let chosen = match self.choose(now, &Filter { exclude, model }) {
+            Err(PickError::AllUnavailable)
+                if model.is_some_and(|m| !self.nodes.iter().any(|n| n.serves(m))) =>
+            {
+                return Err(PickError::NoModel);
+            }
+            other => other?,
+        };
+        let node = &mut self.nodes[chosen];
+        node.on_send();
+        Ok(Ticket {
+            node: node.id().to_string(),
+            local: Some(chosen) == self.local,
+            sent: now,
+            serial: node.serial,
+        })
+    }
+
+    /// The request of `ticket` ended at `now` with `outcome`: as
+    /// [`on_response`](Self::on_response) with the latency since the ticket
+    /// was taken. Ignored if the node left since.
+    pub fn finish(&mut self, now: Instant, ticket: &Ticket, outcome: Outcome) {
+        let Some(index) = self.index(&ticket.node) else {
+            return;
+        };
+        if self.nodes[index].serial != ticket.serial {
+            return;
+        }
+        let latency = now.saturating_duration_since(ticket.sent);
+        self.on_response(now, &ticket.node, latency, outcome);
+    }
+
+    /// `node` answered `NOT_FOUND` for `model`: it is no candidate for that
+    /// model until its advertised models change.
+    pub fn model_missing(&mut self, node: &str, model: &str) {
+        if let Some(n) = self.node_mut(node) {
+            n.mark_missing(model);
+        }
+    }
+
+    /// The per-attempt timeout for `node` (see
+    /// [`BalancerConfig::attempt_timeout_factor`]); `None` for an unknown
+    /// node or one with no latency sample yet.
+    pub fn attempt_timeout(&self, node: &str) -> Option<Duration> {
+        self.node(node)?.attempt_timeout(&self.config)
+    }
+
+    /// This client's requests in flight on `node`; `None` if unknown.
+    pub fn in_flight(&self, node: &str) -> Option<u64> {
+        self.node(node).map(Node::in_flight)
+    }
+
+    fn choose(&mut self, now: Instant, filter: &Filter<'_>) -> Result<usize, PickError> {
+        if self.nodes.is_empty() {
+            return Err(PickError::NoNodes);
+        }
+        match self.draw_serving_remote(now, filter, None) {
+            Some(first) => self.pick_among_serving(now, filter, first),
+            None => self.pick_by_scan(now, filter),
+        }
+        .ok_or(PickError::AllUnavailable)
     }
 
     /// Draws a serving, non-ejected remote candidate other than `skip`, by
@@ -172,7 +270,7 @@ impl Balancer {
     fn draw_serving_remote(
         &mut self,
         now: Instant,
-        exclude: &[NodeId],
+        filter: &Filter<'_>,
         skip: Option<usize>,
     ) -> Option<usize> {
         let (nodes, config, local) = (&self.nodes, &self.config, self.local);
@@ -180,7 +278,7 @@ impl Balancer {
             if Some(i) == skip || Some(i) == local {
                 return 0.0;
             }
-            match candidate(now, &nodes[i], exclude, config) {
+            match candidate(now, &nodes[i], filter, config) {
                 Some((Tier::Serving, weight)) => weight,
                 _ => 0.0,
             }
@@ -192,17 +290,17 @@ impl Balancer {
     fn pick_among_serving(
         &mut self,
         now: Instant,
-        exclude: &[NodeId],
+        filter: &Filter<'_>,
         first: usize,
     ) -> Option<usize> {
-        let second = match self.draw_serving_remote(now, exclude, Some(first)) {
+        let second = match self.draw_serving_remote(now, filter, Some(first)) {
             Some(second) => Some(second),
-            None => self.draw_serving_remote_by_scan(now, exclude, first),
+            None => self.draw_serving_remote_by_scan(now, filter, first),
         };
         let (nodes, config) = (&self.nodes, &self.config);
         let local = self.local.filter(|&l| {
             matches!(
-                candidate(now, &nodes[l], exclude, config),
+                candidate(now, &nodes[l], filter, config),
                 Some((Tier::Serving, _))
             )
         });
@@ -216,7 +314,7 @@ impl Balancer {
     fn draw_serving_remote_by_scan(
         &mut self,
         now: Instant,
-        exclude: &[NodeId],
+        filter: &Filter<'_>,
         skip: usize,
     ) -> Option<usize> {
         self.remotes.clear();
@@ -224,7 +322,7 @@ impl Balancer {
             if index == skip || Some(index) == self.local {
                 continue;
             }
-            if let Some((Tier::Serving, weight)) = candidate(now, node, exclude, &self.config) {
+            if let Some((Tier::Serving, weight)) = candidate(now, node, filter, &self.config) {
                 self.remotes.push(Candidate { index, weight });
             }
         }
@@ -233,7 +331,7 @@ impl Balancer {
 
     /// The whole pick by scanning the membership: the candidates of the best
     /// tier present, then the exact draws.
-    fn pick_by_scan(&mut self, now: Instant, exclude: &[NodeId]) -> Option<usize> {
+    fn pick_by_scan(&mut self, now: Instant, filter: &Filter<'_>) -> Option<usize> {
         // The scan costs O(n) anyway: tighten a bound a lowered weight left
         // loose, so that the next picks take the fast path again.
         self.weight_bound = self.max_weight();
@@ -241,7 +339,7 @@ impl Balancer {
         let mut local = None;
         self.remotes.clear();
         for (index, node) in self.nodes.iter().enumerate() {
-            let Some((tier, weight)) = candidate(now, node, exclude, &self.config) else {
+            let Some((tier, weight)) = candidate(now, node, filter, &self.config) else {
                 continue;
             };
             match best_tier {
@@ -288,9 +386,14 @@ impl Balancer {
         };
         match outcome {
             Outcome::Success => self.nodes[index].on_success(now, latency, &self.config),
-            Outcome::Neutral => self.nodes[index].on_neutral(),
+            Outcome::Neutral | Outcome::Cancelled => self.nodes[index].on_neutral(),
             Outcome::Failure => {
                 if self.nodes[index].on_failure(now, &self.config) && self.may_eject(now) {
+                    self.nodes[index].eject(now, &self.config, &mut self.rng);
+                }
+            }
+            Outcome::TimedOut => {
+                if self.nodes[index].on_timeout(now, latency, &self.config) && self.may_eject(now) {
                     self.nodes[index].eject(now, &self.config, &mut self.rng);
                 }
             }
@@ -347,19 +450,30 @@ impl Balancer {
     }
 }
 
+/// Which nodes a pick may not choose.
+struct Filter<'a> {
+    /// Already tried by this request.
+    exclude: &'a [NodeId],
+    /// The request's model, if the caller routes by model.
+    model: Option<&'a str>,
+}
+
 /// Where `node` stands as a candidate and its effective weight, or `None`
 /// if it cannot be picked.
 fn candidate(
     now: Instant,
     node: &Node,
-    exclude: &[NodeId],
+    filter: &Filter<'_>,
     config: &BalancerConfig,
 ) -> Option<(Tier, f64)> {
     if node.info.state == NodeState::Draining {
         return None;
     }
     let weight = node.weight(now, config);
-    if weight <= 0.0 || exclude.iter().any(|e| e == node.id()) {
+    if weight <= 0.0 || filter.exclude.iter().any(|e| e == node.id()) {
+        return None;
+    }
+    if filter.model.is_some_and(|m| !node.serves(m)) {
         return None;
     }
     let tier = if node.is_ejected(now) {

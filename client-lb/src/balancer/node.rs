@@ -40,6 +40,12 @@ pub struct NodeInfo {
     pub state: NodeState,
     /// The node's zone (informational for now).
     pub zone: String,
+    /// The models the node advertises as ready; `None` when it advertises
+    /// none (a static list): then any model may be sent and only a
+    /// `NOT_FOUND` answer rules one out (see [`Balancer::model_missing`]).
+    ///
+    /// [`Balancer::model_missing`]: super::Balancer::model_missing
+    pub models: Option<Vec<String>>,
 }
 
 /// How a request ended, as far as the node's health is concerned.
@@ -50,16 +56,37 @@ pub enum Outcome {
     /// The node could not serve it: connection error, `UNAVAILABLE`,
     /// `RESOURCE_EXHAUSTED`, an internal error. Counts toward ejection.
     Failure,
-    /// The caller's fault (`INVALID_ARGUMENT`, `NOT_FOUND`, a cancelled
-    /// request): says nothing about the node.
+    /// The caller's fault (`INVALID_ARGUMENT`, `NOT_FOUND`): says nothing
+    /// about the node.
     Neutral,
+    /// The caller gave up (its future was dropped: a timeout of its own, a
+    /// `select!`): neither a success nor a failure, and no latency sample.
+    Cancelled,
+    /// The attempt ran past its per-attempt timeout (see
+    /// [`BalancerConfig::attempt_timeout_factor`]): a failure towards
+    /// ejection, and its elapsed time is a latency sample (a lower bound of
+    /// the real one), so that the node's cost rises at once and its next
+    /// timeout is longer.
+    ///
+    /// [`BalancerConfig::attempt_timeout_factor`]: super::BalancerConfig::attempt_timeout_factor
+    TimedOut,
 }
 
 /// Everything the balancer keeps about one node.
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     pub(crate) info: NodeInfo,
+    /// Unique per `Node` value of a balancer: a ticket taken before the node
+    /// left and came back does not count against the new one.
+    pub(crate) serial: u64,
     latency: PeakEwma,
+    /// A slow-moving high estimate of the node's latency in seconds (a sample
+    /// above replaces it, each sample below pulls it down by 1%): what the
+    /// per-attempt timeout is derived from. `None` before the first sample.
+    slow_latency: Option<f64>,
+    /// Models the node answered `NOT_FOUND` for since its advertised models
+    /// last changed.
+    missing: Vec<String>,
     /// This client's requests sent to the node and not yet answered.
     in_flight: u64,
     report: Option<LatestReport>,
@@ -69,9 +96,12 @@ pub(crate) struct Node {
 
 impl Node {
     /// A node that joins at `now`; it starts its slow start.
-    pub(crate) fn new(now: Instant, info: NodeInfo, config: &BalancerConfig) -> Self {
+    pub(crate) fn new(now: Instant, info: NodeInfo, config: &BalancerConfig, serial: u64) -> Self {
         Self {
             info,
+            serial,
+            slow_latency: None,
+            missing: Vec::new(),
             latency: PeakEwma::new(now, config.default_rtt, config.ewma_decay),
             in_flight: 0,
             report: None,
@@ -87,6 +117,9 @@ impl Node {
     /// Takes discovery's new view of the node, keeping its statistics.
     pub(crate) fn update(&mut self, now: Instant, info: NodeInfo, config: &BalancerConfig) {
         let before = self.admits(now, config.load_report_ttl);
+        if self.info.models != info.models {
+            self.missing.clear();
+        }
         self.info = info;
         self.ramp_if_returning(now, before, config.load_report_ttl);
     }
@@ -175,8 +208,59 @@ impl Node {
 
     pub(crate) fn on_success(&mut self, now: Instant, latency: Duration, config: &BalancerConfig) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        self.latency.observe(now, latency);
+        self.observe(now, latency);
         self.ejection.on_success(now, config.eject_max);
+    }
+
+    fn observe(&mut self, now: Instant, latency: Duration) {
+        self.latency.observe(now, latency);
+        let sample = latency.as_secs_f64();
+        self.slow_latency = Some(match self.slow_latency {
+            Some(old) if old > sample => old * 0.99 + sample * 0.01,
+            _ => sample,
+        });
+    }
+
+    /// Records an attempt that timed out after `elapsed`; returns whether
+    /// the node should now be ejected.
+    pub(crate) fn on_timeout(
+        &mut self,
+        now: Instant,
+        elapsed: Duration,
+        config: &BalancerConfig,
+    ) -> bool {
+        self.observe(now, elapsed);
+        self.on_failure(now, config)
+    }
+
+    /// The node's in-flight count (this client's requests).
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// Whether the node may be sent a request for `model`.
+    pub(crate) fn serves(&self, model: &str) -> bool {
+        let advertised = match &self.info.models {
+            Some(models) => models.iter().any(|m| m == model),
+            None => true,
+        };
+        advertised && !self.missing.iter().any(|m| m == model)
+    }
+
+    /// The node answered `NOT_FOUND` for `model`.
+    pub(crate) fn mark_missing(&mut self, model: &str) {
+        // Bounded: at most one entry per advertised model, and 64 otherwise.
+        if !self.missing.iter().any(|m| m == model) && self.missing.len() < 64 {
+            self.missing.push(model.to_string());
+        }
+    }
+
+    /// The per-attempt timeout: `factor × slow latency`, at least `floor`;
+    /// `None` before the first sample (only the caller's deadline applies).
+    pub(crate) fn attempt_timeout(&self, config: &BalancerConfig) -> Option<Duration> {
+        let secs = self.slow_latency? * config.attempt_timeout_factor;
+        let t = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+        Some(t.max(config.attempt_timeout_floor))
     }
 
     /// Records a failure; returns whether the node should now be ejected.
@@ -226,6 +310,7 @@ mod tests {
             weight,
             state,
             zone: "z".into(),
+            models: None,
         }
     }
 
@@ -242,7 +327,7 @@ mod tests {
     fn cost_is_latency_times_load_over_weight() {
         let t0 = Instant::now();
         let cfg = config();
-        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg, 0);
         assert!((n.cost(t0, &cfg) - 0.005 / 2.0).abs() < 1e-12);
         n.on_send();
         n.on_send();
@@ -256,7 +341,7 @@ mod tests {
     fn a_fresh_report_overrides_the_advertised_weight() {
         let t0 = Instant::now();
         let cfg = config();
-        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg, 0);
         n.on_report(t0, report(0, 4.0), &cfg);
         assert_eq!(n.weight(t0, &cfg), 4.0);
         let stale = t0 + cfg.load_report_ttl + MS;
@@ -267,7 +352,7 @@ mod tests {
     fn max_weight_bounds_the_weight_whichever_is_in_use() {
         let t0 = Instant::now();
         let cfg = BalancerConfig::default();
-        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg, 0);
         assert_eq!(n.max_weight(), 2.0);
         n.on_report(t0, report(0, 3.0), &cfg);
         assert_eq!(n.max_weight(), 3.0);
@@ -279,7 +364,7 @@ mod tests {
         }
         n.on_report(t0, report(0, f64::NAN), &cfg);
         assert_eq!(n.max_weight(), 2.0);
-        let n = Node::new(t0, info(f64::INFINITY, NodeState::Serving), &cfg);
+        let n = Node::new(t0, info(f64::INFINITY, NodeState::Serving), &cfg, 0);
         assert_eq!(n.max_weight(), 0.0);
     }
 
@@ -290,7 +375,7 @@ mod tests {
             slow_start: Duration::ZERO,
             ..BalancerConfig::default()
         };
-        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg, 0);
         n.on_report(t0, report(0, 0.0), &cfg);
         assert_eq!(n.weight(t0 + ZERO_REPORT_TTL / 2, &cfg), 0.0);
         // No request could refresh it: past the short TTL the advertised
@@ -307,7 +392,7 @@ mod tests {
         let t0 = Instant::now();
         let cfg = config();
         for w in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let n = Node::new(t0, info(w, NodeState::Serving), &cfg);
+            let n = Node::new(t0, info(w, NodeState::Serving), &cfg, 0);
             assert_eq!(n.weight(t0, &cfg), 0.0);
             assert_eq!(n.cost(t0, &cfg), f64::INFINITY);
         }
@@ -318,7 +403,7 @@ mod tests {
         let t0 = Instant::now();
         let cfg = BalancerConfig::default();
         let later = t0 + 2 * cfg.slow_start;
-        let mut n = Node::new(t0, info(2.0, NodeState::Draining), &cfg);
+        let mut n = Node::new(t0, info(2.0, NodeState::Draining), &cfg, 0);
         n.update(later, info(2.0, NodeState::Serving), &cfg);
         assert!((n.weight(later, &cfg) - 0.2).abs() < 1e-12);
 
@@ -334,7 +419,7 @@ mod tests {
         let t0 = Instant::now();
         let cfg = BalancerConfig::default();
         let later = t0 + 2 * cfg.slow_start;
-        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg);
+        let mut n = Node::new(t0, info(2.0, NodeState::Serving), &cfg, 0);
         n.update(later, info(3.0, NodeState::Degraded), &cfg);
         assert_eq!(n.weight(later, &cfg), 3.0);
     }

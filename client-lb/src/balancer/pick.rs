@@ -72,6 +72,10 @@ pub enum PickError {
     /// caller (already tried by this request).
     #[error("no node is available for this request")]
     AllUnavailable,
+    /// No known node advertises the request's model as ready (or every one
+    /// that did answered `NOT_FOUND` for it).
+    #[error("no node serves the model")]
+    NoModel,
 }
 
 /// A node that may be picked.

@@ -14,6 +14,7 @@ fn info(id: &str, weight: f64, state: NodeState) -> NodeInfo {
         weight,
         state,
         zone: "z1".into(),
+        models: None,
     }
 }
 
@@ -488,7 +489,15 @@ fn the_fast_path_picks_with_the_same_distribution_as_the_scan() {
             let node = b.pick(now, &exclude).ok()?.node;
             Some(index(b, &node))
         });
-        let scan = shares(&mut b, n, |b| b.pick_by_scan(now, &exclude));
+        let scan = shares(&mut b, n, |b| {
+            b.pick_by_scan(
+                now,
+                &Filter {
+                    exclude: &exclude,
+                    model: None,
+                },
+            )
+        });
         for (i, (f, s)) in fast.iter().zip(&scan).enumerate() {
             assert!(
                 (f - s).abs() < 0.015,
@@ -522,4 +531,66 @@ fn late() -> Vec<NodeInfo> {
         info("x", 3.0, NodeState::Serving),
         info("y", 1.0, NodeState::Degraded),
     ]
+}
+
+#[test]
+fn start_counts_in_flight_and_finish_takes_it_back() {
+    let t0 = Instant::now();
+    let mut b = balancer(None, serving(&["a", "b"]), t0);
+    let t = b.start(t0, &[], None).unwrap();
+    assert_eq!(b.in_flight(&t.node), Some(1));
+    b.finish(t0 + MS, &t, Outcome::Cancelled);
+    assert_eq!(b.in_flight(&t.node), Some(0));
+    // A ticket from before the node left and came back does not count
+    // against the new node.
+    let t = b.start(t0, &[], None).unwrap();
+    b.set_nodes(t0, serving(&[]));
+    b.set_nodes(t0, serving(&["a", "b"]));
+    let fresh = b.start(t0, std::slice::from_ref(&t.node), None).unwrap();
+    let again = b
+        .start(t0, std::slice::from_ref(&fresh.node), None)
+        .unwrap();
+    assert_eq!(again.node, t.node);
+    b.finish(t0, &t, Outcome::Failure);
+    assert_eq!(b.in_flight(&t.node), Some(1));
+}
+
+#[test]
+fn routes_by_model_and_forgets_not_found_when_models_change() {
+    let t0 = Instant::now();
+    let with = |id: &str, models: &[&str]| NodeInfo {
+        models: Some(models.iter().map(|m| m.to_string()).collect()),
+        ..info(id, 1.0, NodeState::Serving)
+    };
+    let mut b = balancer(None, vec![with("a", &["dense"]), with("b", &["other"])], t0);
+    for _ in 0..100 {
+        let t = b.start(t0, &[], Some("other")).unwrap();
+        assert_eq!(t.node, "b");
+        b.finish(t0, &t, Outcome::Success);
+    }
+    assert_eq!(b.start(t0, &[], Some("x")), Err(PickError::NoModel));
+    b.model_missing("b", "other");
+    assert_eq!(b.start(t0, &[], Some("other")), Err(PickError::NoModel));
+    // Same record: still missing. New models: believed again.
+    b.set_nodes(t0, vec![with("a", &["dense"]), with("b", &["other"])]);
+    assert_eq!(b.start(t0, &[], Some("other")), Err(PickError::NoModel));
+    b.set_nodes(t0, vec![with("a", &["dense"]), with("b", &["other", "x"])]);
+    assert_eq!(b.start(t0, &[], Some("other")).unwrap().node, "b");
+}
+
+#[test]
+fn a_timeout_is_a_failure_and_lengthens_the_next_timeout() {
+    let t0 = Instant::now();
+    let mut b = balancer(None, serving(&["a", "b"]), t0);
+    assert_eq!(b.attempt_timeout("a"), None, "no sample: only the deadline");
+    b.on_send(t0, "a");
+    b.on_response(t0, "a", 10 * MS, Outcome::Success);
+    let floor = b.config().attempt_timeout_floor;
+    assert_eq!(b.attempt_timeout("a"), Some(floor));
+    for i in 0..5 {
+        let t = b.start(t0, &["b".to_string()], None).unwrap();
+        b.finish(t0 + floor * (i + 1), &t, Outcome::TimedOut);
+    }
+    assert!(b.is_ejected(t0 + floor * 5, "a"), "five timeouts eject");
+    assert!(b.attempt_timeout("a").unwrap() > floor * 4);
 }

@@ -58,6 +58,7 @@ impl BalancerPolicy {
                 weight: f64::from(capacities[i]),
                 state: NodeState::Serving,
                 zone: if i == local { "local" } else { "remote" }.into(),
+                models: None,
             })
             .collect();
         balancer.set_nodes(t0, nodes);
