@@ -487,11 +487,12 @@ impl Stack {
                 Status::unavailable(e.to_string())
             }
         };
-        // tonic reports a connection broken mid-request (the node died) as
-        // UNKNOWN with the transport error as its source; a status the node
+        // tonic reports a connection that broke or could not be made (the
+        // node died, or hangs and its connect timed out) as UNKNOWN or
+        // CANCELLED with the transport error as its source; a status the node
         // sent has no source. Inference requests are safe to run again, so a
         // broken connection is retried like a refused one.
-        let broken = status.code() == Code::Unknown && std::error::Error::source(&status).is_some();
+        let broken = std::error::Error::source(&status).is_some();
         let (outcome, attempt) = match status.code() {
             _ if broken => (Outcome::Failure, Attempt::Retry(status)),
             // Down, unreachable or restarting its worker: retry elsewhere.
