@@ -487,13 +487,19 @@ impl Stack {
                 Status::unavailable(e.to_string())
             }
         };
-        // tonic reports a connection that broke or could not be made (the
-        // node died, or hangs and its connect timed out) as UNKNOWN or
-        // CANCELLED with the transport error as its source; a status the node
-        // sent has no source. Inference requests are safe to run again, so a
-        // broken connection is retried like a refused one.
-        let broken = std::error::Error::source(&status).is_some();
+        // A status the node sent has no source. tonic reports its own
+        // enforcement of the attempt's gRPC deadline as CANCELLED with
+        // `TimeoutExpired` in the source chain: a timeout like ours. Any other
+        // source is a connection that broke or could not be made (the node
+        // died, or hangs and the connect timed out), reported as UNKNOWN or
+        // CANCELLED: inference requests are safe to run again, so it is
+        // retried like a refused connection.
+        let (timed_out, broken) = match std::error::Error::source(&status) {
+            None => (false, false),
+            Some(source) => (caused_by::<tonic::TimeoutExpired>(source), true),
+        };
         let (outcome, attempt) = match status.code() {
+            _ if timed_out => (Outcome::TimedOut, Attempt::TimedOut),
             _ if broken => (Outcome::Failure, Attempt::Retry(status)),
             // Down, unreachable or restarting its worker: retry elsewhere.
             Code::Unavailable => (Outcome::Failure, Attempt::Retry(status)),
@@ -534,6 +540,20 @@ impl Stack {
             }
         }
     }
+}
+
+/// Whether `error` or one of its sources is an `E`.
+fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    // Bounded: error chains are short; a cycle must not hang the caller.
+    for _ in 0..16 {
+        match next {
+            Some(e) if e.is::<E>() => return true,
+            Some(e) => next = e.source(),
+            None => return false,
+        }
+    }
+    false
 }
 
 /// What discovery says about a node, for the balancer.
