@@ -487,6 +487,54 @@ mod tests {
         assert_eq!(cfg.transport.reprobe_after, Duration::from_secs(30));
     }
 
+    /// The README's table of client defaults names every key of the
+    /// example file, and each stated value, read as that key, gives the
+    /// library's default.
+    #[test]
+    fn readme_states_the_defaults() {
+        let readme = include_str!("../../README.md");
+        let table = readme
+            .split("### Client defaults")
+            .nth(1)
+            .expect("README has a client defaults table");
+        let mut stated = Vec::new();
+        for line in table.lines().skip_while(|l| !l.starts_with("| `")) {
+            let Some(row) = line.strip_prefix("| `") else {
+                break;
+            };
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let key = cells[0].trim_end_matches('`');
+            let value = cells[1].trim_matches('`');
+            let toml = match key.split_once('.') {
+                Some((section, field)) => format!("[{section}]\n{field} = {value}\n"),
+                None => format!("{key} = {value}\n"),
+            };
+            let cfg = ClientConfig::from_toml(&toml)
+                .unwrap_or_else(|e| panic!("README row '{key}': {e}"));
+            assert_eq!(
+                format!("{cfg:?}"),
+                format!("{:?}", ClientConfig::default()),
+                "README states {key} = {value}, the code's default differs"
+            );
+            stated.push(key.to_string());
+        }
+        let mut section = String::new();
+        let mut keys = Vec::new();
+        for line in include_str!("../../configs/client.toml").lines() {
+            if let Some(name) = line.strip_prefix('[') {
+                section = format!("{}.", name.trim_end_matches(']'));
+            } else if let Some((key, _)) = line.split_once(" = ") {
+                if !key.starts_with('#') {
+                    keys.push(format!("{section}{key}"));
+                }
+            }
+        }
+        assert_eq!(
+            stated, keys,
+            "README table and configs/client.toml list the same keys"
+        );
+    }
+
     #[test]
     fn defaults_are_the_builders() {
         let applied = ClientConfig::default().apply(ClientBuilder::default().seed(7));
