@@ -36,19 +36,17 @@ pub struct BenchArgs {
     /// OIP gRPC endpoint, e.g. 127.0.0.1:8001 (an agent or a worker). Several,
     /// comma-separated, are called in turn (round robin: a baseline for the
     /// client library's balancing).
-    #[arg(
-        long,
-        required_unless_present = "registry",
-        conflicts_with = "registry"
-    )]
+    /// Takes precedence over --registry / INFERMESH_REGISTRY.
+    #[arg(long, required_unless_present = "registry")]
     target: Option<String>,
     /// Drive load through the client library instead: a registry URL
-    /// (zk://host:port[/chroot] or static://host:port,...).
-    #[arg(long, requires = "service")]
+    /// (zk://host:port[/chroot] or static://host:port,...), as for the ops
+    /// commands.
+    #[arg(long, env = "INFERMESH_REGISTRY")]
     registry: Option<String>,
-    /// Service to call through the registry.
-    #[arg(long)]
-    service: Option<String>,
+    /// Service to call through the registry, as for the ops commands.
+    #[arg(long, env = "INFERMESH_SERVICE", default_value = infermesh_client::config::DEFAULT_SERVICE)]
+    service: String,
     /// With --registry: this host's node id, preferred while healthy.
     #[arg(long, requires = "registry")]
     local_node: Option<String>,
@@ -67,9 +65,10 @@ pub struct BenchArgs {
     /// Input tensor size in bytes (whole 64-byte rows of the dense model).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 30)))]
     size_bytes: u64,
-    /// Per-request deadline.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    /// Per-request deadline, retries included. Default: the client
+    /// library's deadline (`ClientConfig::default().deadline`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    timeout: Option<Duration>,
     /// Wait up to this long for the target to report ready before starting
     /// (for scripts that just started an agent). 0 = don't wait.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -83,7 +82,9 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
     /// Print one JSON object as the last line (stable fields: requests, errors,
-    /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}).
+    /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}
+    /// of successful requests, latency_all_ms.{...} of all requests, failed
+    /// ones included).
     #[arg(long)]
     json: bool,
 }
@@ -146,7 +147,10 @@ struct Report {
     throughput_rps: f64,
     /// Input tensor bytes sent per second by successful requests.
     bytes_per_s: f64,
+    /// Successful requests only.
     latency_ms: Latency,
+    /// All requests, failed ones included (time until the error).
+    latency_all_ms: Latency,
     /// With --transport: the transport asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     transport: Option<String>,
@@ -172,6 +176,7 @@ struct Latency {
 #[derive(Default)]
 struct TaskResult {
     hist: Option<Histogram<u64>>,
+    hist_all: Option<Histogram<u64>>,
     errors: BTreeMap<String, u64>,
     nodes: BTreeMap<String, u64>,
 }
@@ -201,20 +206,37 @@ impl Caller {
                     .model_infer(r)
                     .await
                     .map(|_| node)
-                    .map_err(|s| format!("{:?}", s.code()))
+                    .map_err(|s| status_code_name(&s))
             }
             Caller::Mesh(c) => {
                 c.infer_on(req)
                     .await
                     .map(|(_, node)| Some(node))
                     .map_err(|e| match e {
-                        infermesh_client::ClientError::Status(s) => format!("{:?}", s.code()),
+                        infermesh_client::ClientError::Status(s) => status_code_name(&s),
                         infermesh_client::ClientError::NoNode { .. } => "NoNode".to_string(),
-                        other => other.to_string(),
+                        other => format!("{:?}", other.code()),
                     })
             }
         }
     }
+}
+
+/// The name an error is counted under: its gRPC code, except that tonic's
+/// own enforcement of the request's deadline (CANCELLED with
+/// `TimeoutExpired` as the cause) is what it is, `DeadlineExceeded`.
+fn status_code_name(s: &tonic::Status) -> String {
+    let mut source = std::error::Error::source(s);
+    for _ in 0..16 {
+        match source {
+            Some(e) if e.is::<tonic::TimeoutExpired>() => {
+                return format!("{:?}", tonic::Code::DeadlineExceeded);
+            }
+            Some(e) => source = e.source(),
+            None => break,
+        }
+    }
+    format!("{:?}", s.code())
 }
 
 /// A client to one endpoint, checked live (or ready, with `patience`).
@@ -261,11 +283,14 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 async fn run(args: BenchArgs) -> i32 {
+    let deadline = args
+        .timeout
+        .unwrap_or(infermesh_client::ClientConfig::default().deadline);
     let target_name = args.target.clone().unwrap_or_else(|| {
         format!(
             "{} service {}",
             args.registry.as_deref().unwrap_or_default(),
-            args.service.as_deref().unwrap_or_default()
+            args.service
         )
     });
     let caller = match (&args.target, &args.registry) {
@@ -280,7 +305,7 @@ async fn run(args: BenchArgs) -> i32 {
             let client = infermesh_client::Client::builder()
                 .registry(format!("static://{target}"))
                 .local_node(target.clone())
-                .deadline(args.timeout)
+                .deadline(deadline)
                 .transports(args.transport.expect("checked").paths())
                 .build()
                 .await;
@@ -305,8 +330,8 @@ async fn run(args: BenchArgs) -> i32 {
         (None, Some(registry)) => {
             let mut builder = infermesh_client::Client::builder()
                 .registry(registry.clone())
-                .service(args.service.clone().unwrap_or_default())
-                .deadline(args.timeout);
+                .service(args.service.clone())
+                .deadline(deadline);
             if let Some(local) = &args.local_node {
                 builder = builder.local_node(local.clone());
             }
@@ -369,10 +394,11 @@ async fn run(args: BenchArgs) -> i32 {
     let tasks: Vec<_> = (0..args.concurrency)
         .map(|_| {
             let (caller, request, done) = (caller.clone(), request.clone(), Arc::clone(&done));
-            let timeout = args.timeout;
+            let timeout = deadline;
             tokio::spawn(async move {
                 let mut result = TaskResult {
                     hist: Some(new_histogram()),
+                    hist_all: Some(new_histogram()),
                     ..Default::default()
                 };
                 loop {
@@ -385,9 +411,14 @@ async fn run(args: BenchArgs) -> i32 {
                     if sent < measure_from {
                         continue;
                     }
+                    let us = (took.as_micros() as u64).max(1);
+                    result
+                        .hist_all
+                        .as_mut()
+                        .expect("histogram")
+                        .saturating_record(us);
                     match outcome {
                         Ok(node) => {
-                            let us = (took.as_micros() as u64).max(1);
                             result
                                 .hist
                                 .as_mut()
@@ -432,12 +463,16 @@ async fn run(args: BenchArgs) -> i32 {
     }
 
     let mut hist = new_histogram();
+    let mut hist_all = new_histogram();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut nodes: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
         let r = t.await.expect("bench task panicked");
         if let Some(h) = r.hist {
             hist.add(h).expect("same histogram bounds");
+        }
+        if let Some(h) = r.hist_all {
+            hist_all.add(h).expect("same histogram bounds");
         }
         for (code, n) in r.errors {
             *errors.entry(code).or_default() += n;
@@ -452,7 +487,17 @@ async fn run(args: BenchArgs) -> i32 {
     let duration_s = args.duration.as_secs_f64();
     let requests = hist.len();
     let error_count: u64 = errors.values().sum();
-    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let latency = |hist: &Histogram<u64>| {
+        let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+        Latency {
+            p50: ms(0.50),
+            p90: ms(0.90),
+            p99: ms(0.99),
+            p999: ms(0.999),
+            max: hist.max() as f64 / 1000.0,
+            mean: hist.mean() / 1000.0,
+        }
+    };
     let report = Report {
         target: target_name.clone(),
         model: args.model.clone(),
@@ -473,14 +518,8 @@ async fn run(args: BenchArgs) -> i32 {
         duration_s,
         throughput_rps: requests as f64 / duration_s,
         bytes_per_s: (requests as f64 * size_bytes as f64) / duration_s,
-        latency_ms: Latency {
-            p50: ms(0.50),
-            p90: ms(0.90),
-            p99: ms(0.99),
-            p999: ms(0.999),
-            max: hist.max() as f64 / 1000.0,
-            mean: hist.mean() / 1000.0,
-        },
+        latency_ms: latency(&hist),
+        latency_all_ms: latency(&hist_all),
         transport: args.transport.map(|t| format!("{t:?}").to_lowercase()),
         paths: match (&caller, args.transport) {
             (Caller::Mesh(c), Some(_)) => c
@@ -577,9 +616,13 @@ fn print_human(r: &Report) {
             100.0 * r.bytes_per_s / m
         );
     }
-    let l = &r.latency_ms;
-    println!(
-        "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p999 {:.3}  max {:.3}  mean {:.3}",
-        l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-    );
+    for (label, l) in [
+        ("successes   ", &r.latency_ms),
+        ("all requests", &r.latency_all_ms),
+    ] {
+        println!(
+            "latency ms, {label}  p50 {:.3}  p90 {:.3}  p99 {:.3}  p999 {:.3}  max {:.3}  mean {:.3}",
+            l.p50, l.p90, l.p99, l.p999, l.max, l.mean
+        );
+    }
 }
