@@ -438,6 +438,19 @@ async fn run(args: BenchArgs) -> i32 {
             })
         })
         .collect();
+    // The client forgets a node that leaves membership: note each node's
+    // last attempt while the load runs, so that one that left still shows.
+    let last_attempts = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
+    if let Caller::Mesh(c) = &caller {
+        let (c, last_attempts) = (c.clone(), Arc::clone(&last_attempts));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            while Instant::now() < end {
+                tick.tick().await;
+                note_last_attempts(&c, &last_attempts);
+            }
+        });
+    }
     if let Some(pb) = &progress {
         let pb = pb.clone();
         let done = Arc::clone(&done);
@@ -508,11 +521,10 @@ async fn run(args: BenchArgs) -> i32 {
         errors_by_code: errors,
         requests_by_node: nodes,
         last_attempt_unix_ms_by_node: match &caller {
-            Caller::Mesh(c) => c
-                .node_stats()
-                .into_iter()
-                .map(|(n, s)| (n, s.last_attempt_unix_ms))
-                .collect(),
+            Caller::Mesh(c) => {
+                note_last_attempts(c, &last_attempts);
+                last_attempts.lock().expect("last attempts").clone()
+            }
             Caller::Direct(..) => BTreeMap::new(),
         },
         duration_s,
@@ -549,6 +561,18 @@ async fn run(args: BenchArgs) -> i32 {
         exit::FAILURE
     } else {
         exit::OK
+    }
+}
+
+/// Merges the client's last attempt per node into `into`.
+fn note_last_attempts(
+    client: &infermesh_client::Client,
+    into: &std::sync::Mutex<BTreeMap<String, u64>>,
+) {
+    let mut into = into.lock().expect("last attempts");
+    for (node, s) in client.node_stats() {
+        let t = into.entry(node).or_default();
+        *t = (*t).max(s.last_attempt_unix_ms);
     }
 }
 
