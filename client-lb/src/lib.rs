@@ -14,10 +14,13 @@
 //!
 //! Around it: [`discovery`] behind a trait (ZooKeeper with a cache that
 //! survives an outage; `static://host:port,...` as the embedded default) and
-//! the [`Client`] driver — one HTTP/2 connection per node, a deadline per
-//! call, retries on UNAVAILABLE / RESOURCE_EXHAUSTED / connection errors to a
-//! different node within a [`RetryBudget`] (20% of requests + 10/s), and a
-//! clear error when no node can take a request:
+//! the [`Client`], a stack of layers (see `client.rs`): retry within a
+//! deadline and a [`RetryBudget`] → the balancer, which picks a node serving
+//! the request's model and counts it in flight under one lock → one attempt
+//! on that node within its per-attempt timeout, whose in-flight guard
+//! records success, failure, timeout or cancellation → a [`Transport`]
+//! (the [`paths`] ladder: shared memory, RDMA, gRPC). Errors are typed
+//! ([`ClientError`]); no node for a model fails at once:
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), infermesh_client::ClientError> {
@@ -31,7 +34,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! To come: the transport ladder (shared memory, RDMA, QUIC).
+//! To come: QUIC as a transport rung.
 #![forbid(unsafe_code)]
 
 pub mod balancer;

@@ -4,7 +4,8 @@
 //!   each get only the requests for their model (real ZooKeeper); a node
 //!   that answers `NOT_FOUND` is passed over for that model and the request
 //!   is retried elsewhere (a static list, whose records name no models); a
-//!   model nobody serves fails at once with a typed error.
+//!   model nobody serves fails at once with a typed error; what the client
+//!   keeps per node goes when the node leaves.
 //! - Hung nodes: one of three agents SIGSTOPped for 8 s under load (its TCP
 //!   connections stay open): no request fails with a 2 s deadline, and
 //!   traffic leaves the stopped node. The figures printed go to BENCHMARKS.md.
@@ -101,6 +102,23 @@ async fn requests_go_to_the_nodes_serving_their_model() {
         }
         other => panic!("expected ModelNotFound, got {other:?}"),
     }
+
+    // node-other leaves: what the client kept for it goes, and its model
+    // is no longer served.
+    drop(b);
+    eventually("node-other leaves membership", || async {
+        (client.membership().nodes.len() == 1).then_some(())
+    })
+    .await;
+    eventually("the client forgets node-other", || async {
+        (!client.node_stats().contains_key("node-other")).then_some(())
+    })
+    .await;
+    match client.infer(request("other", &dense::input(1, 0))).await {
+        Err(ClientError::ModelNotFound { model, .. }) => assert_eq!(model, "other"),
+        other => panic!("expected ModelNotFound, got {other:?}"),
+    }
+    assert_eq!(send(&client, "dense", 10).await.len(), 1);
 }
 
 #[tokio::test]
