@@ -173,6 +173,10 @@ pub fn main(args: AgentArgs) -> i32 {
             eprintln!("error: {e}");
             exit::UNAVAILABLE
         }
+        Err(e @ infermesh_agent::RunError::Advertise(_)) => {
+            eprintln!("error: {e}");
+            exit::CONFIG
+        }
         Err(e) => {
             eprintln!("error: {e}");
             exit::FAILURE

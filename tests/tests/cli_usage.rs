@@ -146,3 +146,13 @@ fn log_format_json_writes_one_object_per_line() {
         "{first}"
     );
 }
+
+#[test]
+fn the_cli_refuses_an_admin_address_that_names_no_host() {
+    for admin in ["0.0.0.0:8002", "[::]:8002"] {
+        let out = infermesh(&["status", "--admin", admin]);
+        assert_eq!(out.status.code(), Some(64), "{admin}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("names no host"), "{stderr}");
+    }
+}
