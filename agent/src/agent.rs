@@ -39,6 +39,7 @@ use crate::conn::OnClose;
 use crate::forward::{BodyLimits, InferPath};
 use crate::front::Front;
 use crate::gpu;
+use crate::grpc_health::GrpcHealth;
 use crate::launch::{Launcher, ProcessLauncher};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -333,7 +334,8 @@ impl Agent {
                     .max_decoding_message_size(limit)
                     .max_encoding_message_size(cfg.max_message_bytes)
             };
-            let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES));
+            let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES))
+                .add_service(GrpcHealth::server(Arc::clone(&pool)));
             if let Some(r) = &rdma {
                 calls = calls.add_service(RdmaServer::new(RdmaService::new(Arc::clone(r))));
             }
