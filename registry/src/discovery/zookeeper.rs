@@ -182,8 +182,13 @@ async fn follow(client: &zk::Client, cache: &mut Cache, retry: &mut Reconnect) -
             }
         };
         // Coalesce what is already queued: one read per node per batch.
+        // The library panics on a poll after a terminal session event (its
+        // channel is closed then), so draining stops at one.
+        let terminal = |ev: &zk::WatchedEvent| {
+            ev.event_type == zk::EventType::Session && ev.session_state.is_terminated()
+        };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < MAX_BATCH && !batch.last().is_some_and(terminal) {
             match watcher.as_mut().and_then(|w| w.changed().now_or_never()) {
                 Some(ev) => batch.push(ev),
                 None => break,
