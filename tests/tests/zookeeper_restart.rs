@@ -143,6 +143,13 @@ async fn restart_scenario(outage: Duration) {
     }
     assert_eq!(ids(&client.membership()), ["node-a", "node-b", "node-c"]);
     assert_eq!(client.membership().source, Source::Live);
+    // Both discoveries (the client's and the one beside it) hold their
+    // watch on the server again.
+    let watches = zk.total_watches().expect("wchs answers");
+    assert!(
+        watches >= 2,
+        "server-side watches after the restart: {watches}"
+    );
     let stats = beside.stats();
     assert!(
         stats.sessions + stats.resyncs >= 2,
@@ -151,7 +158,7 @@ async fn restart_scenario(outage: Duration) {
     c.wait_ready().await;
     println!(
         "zookeeper restart after {outage:?} down: node-c registered {registered:?}, seen by the client \
-         {seen:?}, served {served:?} after ZooKeeper was back; requests {per_node:?}; discovery {stats:?}"
+         {seen:?}, served {served:?} after ZooKeeper was back; requests {per_node:?}; discovery {stats:?}; {watches} watches on the server"
     );
 }
 
