@@ -1,7 +1,9 @@
 //! The client library through a ZooKeeper restart (same port, same data
 //! directory), against real agents backed by test workers: the agents are
 //! registered again, and a node that registers only after the restart
-//! appears in an already-running client's membership and gets requests.
+//! appears in an already-running client's membership and gets requests —
+//! started only once the client has re-listed the service, so only a live
+//! watch can tell the client of it.
 //!
 //! Two outages: 5 s, within the discovery's session (it reconnects on its
 //! old session: the path where `zookeeper-client` 0.11 restores no
@@ -114,6 +116,16 @@ async fn restart_scenario(outage: Duration) {
     zk.restart().await;
     let back = Instant::now();
 
+    // Both discoveries are back on ZooKeeper (listed it again) before the
+    // new node exists: it can only be learnt of through a watch.
+    until(&mut rx, "the discovery live again", |m| {
+        m.source == Source::Live
+    })
+    .await;
+    let live = eventually("the client's membership live again", || async {
+        (client.membership().source == Source::Live).then(|| back.elapsed())
+    })
+    .await;
     let raw = zk::Client::connect(&format!("{}/im", zk.address()))
         .await
         .unwrap();
@@ -157,8 +169,8 @@ async fn restart_scenario(outage: Duration) {
     );
     c.wait_ready().await;
     println!(
-        "zookeeper restart after {outage:?} down: node-c registered {registered:?}, seen by the client \
-         {seen:?}, served {served:?} after ZooKeeper was back; requests {per_node:?}; discovery {stats:?}; {watches} watches on the server"
+        "zookeeper restart after {outage:?} down: client live again {live:?}, node-c registered \
+         {registered:?}, seen by the client {seen:?}, served {served:?} after ZooKeeper was back; requests {per_node:?}; discovery {stats:?}; {watches} watches on the server"
     );
 }
 

@@ -228,7 +228,10 @@ async fn follow(client: &zk::Client, cache: &mut Cache, retry: &mut Reconnect) -
                     removed |= cache.nodes.remove(&node).is_some();
                     cache.warned.remove(&node);
                 }
-                Change::Relist => resync_at = Some(Instant::now()),
+                Change::Relist => {
+                    tracing::debug!(path = %ev.path, "the service's node directory appeared; listing it");
+                    resync_at = Some(Instant::now());
+                }
                 Change::Nothing => {}
             }
         }
@@ -325,6 +328,7 @@ impl Cache {
 
     /// Lists the service and reads every node, replacing the cache.
     async fn relist(&mut self, client: &zk::Client) -> Result<(), String> {
+        tracing::debug!(path = %self.path, "listing the service");
         Counters::bump(&self.counters.reads);
         Counters::bump(&self.counters.lists);
         let mut children = match client.list_children(&self.path).await {
