@@ -178,11 +178,18 @@ async fn register<A: Advertise>(
         let result = if written.is_none() {
             create(client, path, &record).await
         } else {
-            client
-                .set_data(path, &record.to_json(), None)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            match client.set_data(path, &record.to_json(), None).await {
+                Ok(_) => Ok(()),
+                // Deleted under us (an operator, a tool): advertise again.
+                Err(zk::Error::NoNode) => {
+                    tracing::warn!(
+                        path,
+                        "the record was deleted by someone else; creating it again"
+                    );
+                    create(client, path, &record).await
+                }
+                Err(e) => Err(e.to_string()),
+            }
         };
         match result {
             Ok(()) => {

@@ -219,7 +219,7 @@ async fn follow(client: &zk::Client, cache: &mut Cache, retry: &mut Reconnect) -
                 }
                 continue;
             }
-            match cache.classify(&ev) {
+            match cache.classify(ev.event_type, &ev.path) {
                 Change::Read(node) => {
                     dirty.insert(node);
                 }
@@ -302,24 +302,23 @@ struct Cache {
 }
 
 impl Cache {
-    fn classify(&self, ev: &zk::WatchedEvent) -> Change {
+    fn classify(&self, event_type: zk::EventType, path: &str) -> Change {
         use zk::EventType::*;
-        if ev.path == self.path {
-            return match ev.event_type {
+        if path == self.path {
+            return match event_type {
                 NodeCreated => Change::Relist,
                 // Every child went before the directory could.
                 _ => Change::Nothing,
             };
         }
-        let Some(node) = ev
-            .path
+        let Some(node) = path
             .strip_prefix(&self.path)
             .and_then(|rest| rest.strip_prefix('/'))
             .filter(|n| !n.contains('/'))
         else {
             return Change::Nothing;
         };
-        match ev.event_type {
+        match event_type {
             NodeCreated | NodeDataChanged => Change::Read(node.to_string()),
             NodeDeleted => Change::Remove(node.to_string()),
             _ => Change::Nothing,
@@ -417,7 +416,11 @@ impl Cache {
         Counters::bump(&self.counters.skipped);
         if self.warned.get(node) != Some(&why) {
             tracing::warn!(node, error = %why, "skipping an invalid node record");
-            self.warned.insert(node.to_string(), why);
+            // Bounded like the membership: past the cap, problems are
+            // logged each time instead of remembered.
+            if self.warned.len() < MAX_NODES || self.warned.contains_key(node) {
+                self.warned.insert(node.to_string(), why);
+            }
         }
     }
 
@@ -474,5 +477,94 @@ impl Cache {
 impl Counters {
     fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache() -> Cache {
+        let (tx, _) = watch::channel(Arc::new(Membership::empty()));
+        Cache {
+            path: nodes_path("eta"),
+            nodes: BTreeMap::new(),
+            warned: HashMap::new(),
+            over_cap: false,
+            counters: Arc::default(),
+            tx,
+        }
+    }
+
+    fn event(event_type: zk::EventType, path: &str) -> (zk::EventType, String) {
+        (event_type, path.to_string())
+    }
+
+    #[test]
+    fn events_name_one_node_or_the_whole_service() {
+        use zk::EventType::*;
+        let c = cache();
+        let dir = "/infermesh/v1/services/eta/nodes";
+        let is = |(t, p): (zk::EventType, String), want: &str| match c.classify(t, &p) {
+            Change::Read(n) => want == format!("read {n}"),
+            Change::Remove(n) => want == format!("remove {n}"),
+            Change::Relist => want == "relist",
+            Change::Nothing => want == "nothing",
+        };
+        assert!(is(event(NodeCreated, &format!("{dir}/a")), "read a"));
+        assert!(is(event(NodeDataChanged, &format!("{dir}/a")), "read a"));
+        assert!(is(event(NodeDeleted, &format!("{dir}/a")), "remove a"));
+        assert!(is(event(NodeCreated, dir), "relist"));
+        assert!(is(event(NodeDeleted, dir), "nothing"));
+        assert!(is(event(NodeDataChanged, dir), "nothing"));
+        assert!(is(event(NodeCreated, &format!("{dir}/a/b")), "nothing"));
+        assert!(is(event(NodeCreated, &format!("{dir}x/a")), "nothing"));
+        assert!(is(
+            event(NodeCreated, "/infermesh/v1/services/other/nodes/a"),
+            "nothing"
+        ));
+    }
+
+    #[test]
+    fn publishing_only_on_a_change_and_keeping_the_cache_through_an_outage() {
+        let mut c = cache();
+        let mut rx = c.tx.subscribe();
+        c.publish();
+        assert_eq!(rx.borrow_and_update().source, Source::Live);
+        c.publish();
+        assert!(!rx.has_changed().unwrap(), "nothing changed");
+        let record = infermesh_proto::registry::NodeRecord {
+            schema: infermesh_proto::registry::SCHEMA,
+            node_id: "a".into(),
+            zone: String::new(),
+            host: String::new(),
+            version: String::new(),
+            state: infermesh_proto::registry::NodeState::Serving,
+            weight: 1.0,
+            capacity: Default::default(),
+            endpoints: infermesh_proto::registry::Endpoints {
+                grpc: "127.0.0.1:1".into(),
+                ..Default::default()
+            },
+            models: vec![],
+            updated_ms: 1,
+        };
+        c.nodes.insert("a".into(), record);
+        c.publish();
+        assert_eq!(rx.borrow_and_update().nodes.len(), 1);
+        c.keep_cached("test");
+        let m = rx.borrow_and_update().clone();
+        assert_eq!((m.source, m.nodes.len()), (Source::Cached, 1));
+        c.keep_cached("again");
+        assert!(!rx.has_changed().unwrap(), "marked once");
+    }
+
+    #[test]
+    fn a_node_that_keeps_writing_the_same_bad_record_is_logged_once() {
+        let mut c = cache();
+        c.skip("a", "bad".into());
+        c.skip("a", "bad".into());
+        assert_eq!(c.warned.len(), 1);
+        assert_eq!(c.counters.snapshot().skipped, 2);
     }
 }
