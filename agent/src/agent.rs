@@ -295,6 +295,7 @@ impl Agent {
                     gpus: Arc::clone(&gpus),
                     pool: Arc::clone(&pool),
                     rdma: rdma.as_ref().map(|r| r.kind().to_string()),
+                    zone: rcfg.zone.clone(),
                 };
                 background.spawn(registry::run(rcfg, advertised, phase_rx))
             });

@@ -17,8 +17,6 @@ use infermesh_proto::registry::{DEFAULT_SESSION_TIMEOUT, RegistryUrl, valid_name
 use infermesh_sentinel::{FaultPatterns, SentinelConfig};
 use serde::Deserialize;
 
-use crate::registry::RegistryConfig;
-
 pub mod limits;
 pub mod shm;
 
@@ -724,6 +722,19 @@ pub fn host_ip(like: IpAddr) -> Option<IpAddr> {
     socket.connect(probe).ok()?;
     let ip = socket.local_addr().ok()?.ip();
     (!ip.is_unspecified()).then_some(ip)
+}
+
+/// Registry settings of an agent.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// Where to register.
+    pub url: RegistryUrl,
+    /// Service name.
+    pub service: String,
+    /// Zone.
+    pub zone: String,
+    /// ZooKeeper session timeout.
+    pub session_timeout: Duration,
 }
 
 fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<RegistryConfig> {
