@@ -215,6 +215,7 @@ impl Agent {
             .map(|(i, spec)| Worker::new(spec, i))
             .unzip();
         let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
+        pool.set_orca(cfg.orca);
         let metrics = Arc::new(Metrics::new());
         let patterns = Arc::new(cfg.fault_patterns.clone());
         let gpus = open_gpu_telemetry(&cfg);

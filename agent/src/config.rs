@@ -110,6 +110,9 @@ pub struct RawTransport {
     /// The RDMA path: `auto` (a real device if present, else off with one
     /// log line), `emulated` (software, loopback only: tests and demos), `off`.
     pub rdma: Option<String>,
+    /// Add the standard ORCA load report (`endpoint-load-metrics-bin`) to
+    /// every response beside the `infermesh-*` trailers (default true).
+    pub orca: Option<bool>,
 }
 
 /// `[queue]`.
@@ -294,6 +297,8 @@ pub struct AgentConfig {
     pub xid_policy: XidPolicy,
     /// Registration, if any.
     pub registry: Option<RegistryConfig>,
+    /// Whether responses carry the ORCA load report (`[transport] orca`).
+    pub orca: bool,
     /// OIP address advertised to clients (`registry.advertise`); `None`:
     /// derived from the bound address by [`advertised`].
     pub advertise: Option<SocketAddr>,
@@ -564,6 +569,7 @@ impl AgentConfig {
                 fake_gpus: raw.gpu.fake_devices.unwrap_or(2),
                 xid_policy,
                 registry,
+                orca: raw.transport.orca.unwrap_or(true),
                 advertise,
                 admin_advertise,
                 workers,
