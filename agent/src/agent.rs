@@ -34,11 +34,12 @@ use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
 
 use crate::admin::{self, AdminState};
-use crate::config::{AgentConfig, limits};
+use crate::config::{self, AgentConfig, limits};
 use crate::conn::OnClose;
 use crate::forward::{BodyLimits, InferPath};
 use crate::front::Front;
 use crate::gpu;
+use crate::grpc_health::GrpcHealth;
 use crate::launch::{Launcher, ProcessLauncher};
 use crate::metrics::Metrics;
 use crate::pool::Pool;
@@ -68,6 +69,10 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// A listen address is unspecified (`0.0.0.0`) and no address to
+    /// advertise instead is known.
+    #[error("no address to advertise: {0}")]
+    Advertise(String),
     /// The configured RDMA emulation could not start.
     #[error("cannot start the RDMA emulation: {0}")]
     Rdma(#[source] std::io::Error),
@@ -210,6 +215,7 @@ impl Agent {
             .map(|(i, spec)| Worker::new(spec, i))
             .unzip();
         let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
+        pool.set_orca(cfg.orca);
         let metrics = Arc::new(Metrics::new());
         let patterns = Arc::new(cfg.fault_patterns.clone());
         let gpus = open_gpu_telemetry(&cfg);
@@ -265,18 +271,35 @@ impl Agent {
         }
         let (set_phase, phase_rx) = watch::channel(Phase::Serving);
         let set_phase = Arc::new(set_phase);
-        let registration = cfg.registry.clone().map(|rcfg| {
-            let advertised = Advertised {
-                node_id: cfg.node_id.clone(),
-                grpc: cfg.advertise.clone(),
-                admin: admin_listen.to_string(),
-                score: cfg.weight,
-                gpus: Arc::clone(&gpus),
-                pool: Arc::clone(&pool),
-                rdma: rdma.as_ref().map(|r| r.kind().to_string()),
-            };
-            background.spawn(registry::run(rcfg, advertised, phase_rx))
-        });
+        let registration = match &cfg.registry {
+            None => None,
+            Some(_) => Some((
+                config::advertised(cfg.advertise, listen, || config::host_ip(listen.ip()))
+                    .map_err(RunError::Advertise)?,
+                config::advertised(cfg.admin_advertise, admin_listen, || {
+                    config::host_ip(admin_listen.ip())
+                })
+                .map_err(RunError::Advertise)?,
+            )),
+        };
+        let registration = cfg
+            .registry
+            .clone()
+            .zip(registration)
+            .map(|(rcfg, (grpc, admin))| {
+                tracing::info!(%grpc, %admin, "advertising these addresses");
+                let advertised = Advertised {
+                    node_id: cfg.node_id.clone(),
+                    grpc: grpc.to_string(),
+                    admin: admin.to_string(),
+                    score: cfg.weight,
+                    gpus: Arc::clone(&gpus),
+                    pool: Arc::clone(&pool),
+                    rdma: rdma.as_ref().map(|r| r.kind().to_string()),
+                    zone: rcfg.zone.clone(),
+                };
+                background.spawn(registry::run(rcfg, advertised, phase_rx))
+            });
 
         let shm = ShmState::new(
             ShmRegistry::new(cfg.shm.registry_config()),
@@ -313,7 +336,8 @@ impl Agent {
                     .max_decoding_message_size(limit)
                     .max_encoding_message_size(cfg.max_message_bytes)
             };
-            let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES));
+            let mut calls = Routes::new(service(limits::SMALL_MESSAGE_BYTES))
+                .add_service(GrpcHealth::server(Arc::clone(&pool)));
             if let Some(r) = &rdma {
                 calls = calls.add_service(RdmaServer::new(RdmaService::new(Arc::clone(r))));
             }

@@ -123,6 +123,77 @@ impl BusyWindow {
     }
 }
 
+/// Requests completed over the last [`WINDOW`], in the same 100 ms buckets
+/// as [`BusyWindow`]: O(1) per completion and per question.
+#[derive(Debug)]
+pub struct RateWindow {
+    origin: Option<Instant>,
+    /// `(bucket index since origin, completions in it)`.
+    buckets: [(u64, u64); BUCKETS],
+    total: u64,
+    as_of: u64,
+}
+
+impl Default for RateWindow {
+    fn default() -> Self {
+        Self {
+            origin: None,
+            buckets: [(u64::MAX, 0); BUCKETS],
+            total: 0,
+            as_of: 0,
+        }
+    }
+}
+
+impl RateWindow {
+    /// One request completed at `now`.
+    pub fn record(&mut self, now: Instant) {
+        let origin = *self.origin.get_or_insert(now);
+        let i = bucket_index(origin, now);
+        self.advance(i);
+        let slot = &mut self.buckets[(i % BUCKETS as u64) as usize];
+        if slot.0 != i {
+            *slot = (i, 0);
+        }
+        slot.1 += 1;
+        self.total += 1;
+    }
+
+    /// Completions per second over the window (over the time since the
+    /// first completion while that is shorter, but at least one second).
+    pub fn per_second(&mut self, now: Instant) -> f64 {
+        let Some(origin) = self.origin else {
+            return 0.0;
+        };
+        self.advance(bucket_index(origin, now));
+        let span = now
+            .saturating_duration_since(origin)
+            .clamp(Duration::from_secs(1), WINDOW);
+        self.total as f64 / span.as_secs_f64()
+    }
+
+    fn advance(&mut self, to: u64) {
+        if to <= self.as_of {
+            return;
+        }
+        let n = BUCKETS as u64;
+        if to - self.as_of >= n {
+            self.total = 0;
+        } else {
+            for leaving in (self.as_of + 1)..=to {
+                let Some(index) = leaving.checked_sub(n) else {
+                    continue;
+                };
+                let slot = &self.buckets[(index % n) as usize];
+                if slot.0 == index {
+                    self.total -= slot.1;
+                }
+            }
+        }
+        self.as_of = to;
+    }
+}
+
 fn bucket_index(origin: Instant, t: Instant) -> u64 {
     (t.saturating_duration_since(origin).as_nanos() / BUCKET.as_nanos()) as u64
 }
@@ -174,6 +245,31 @@ mod tests {
             assert_eq!(w.total, fresh);
             assert!((0.0..=1.0).contains(&ratio));
         }
+    }
+
+    #[test]
+    fn the_rate_counts_the_last_ten_seconds() {
+        let t0 = Instant::now();
+        let mut r = RateWindow::default();
+        assert_eq!(r.per_second(t0), 0.0);
+        // 100 completions a second for 30 s.
+        for i in 0..3_000u32 {
+            r.record(t0 + Duration::from_millis(10) * i);
+        }
+        let at = t0 + Duration::from_secs(30);
+        assert!(
+            (r.per_second(at) - 100.0).abs() < 1.5,
+            "{}",
+            r.per_second(at)
+        );
+        // Nothing for 20 s more: nothing in the window.
+        assert_eq!(r.per_second(at + Duration::from_secs(20)), 0.0);
+        // Early on the rate is over the time so far.
+        let mut early = RateWindow::default();
+        for i in 0..20u32 {
+            early.record(t0 + Duration::from_millis(100) * i);
+        }
+        assert!((early.per_second(t0 + Duration::from_secs(2)) - 10.0).abs() < 0.01);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! once, so `infermesh agent --check-config` shows the whole list.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -16,8 +16,6 @@ use infermesh_gpu::{Backend, XidAction, XidPolicy};
 use infermesh_proto::registry::{DEFAULT_SESSION_TIMEOUT, RegistryUrl, valid_name};
 use infermesh_sentinel::{FaultPatterns, SentinelConfig};
 use serde::Deserialize;
-
-use crate::registry::RegistryConfig;
 
 pub mod limits;
 pub mod shm;
@@ -112,6 +110,9 @@ pub struct RawTransport {
     /// The RDMA path: `auto` (a real device if present, else off with one
     /// log line), `emulated` (software, loopback only: tests and demos), `off`.
     pub rdma: Option<String>,
+    /// Add the standard ORCA load report (`endpoint-load-metrics-bin`) to
+    /// every response beside the `infermesh-*` trailers (default true).
+    pub orca: Option<bool>,
 }
 
 /// `[queue]`.
@@ -176,6 +177,8 @@ pub struct RawRegistry {
     pub session_timeout: Option<Duration>,
     /// OIP address clients should use, when `listen` is not it (e.g. 0.0.0.0).
     pub advertise: Option<String>,
+    /// Admin address operators' tools should use, when `admin_listen` is not it.
+    pub admin_advertise: Option<String>,
 }
 
 /// `[gpu]`.
@@ -294,8 +297,14 @@ pub struct AgentConfig {
     pub xid_policy: XidPolicy,
     /// Registration, if any.
     pub registry: Option<RegistryConfig>,
-    /// OIP address advertised to clients.
-    pub advertise: String,
+    /// Whether responses carry the ORCA load report (`[transport] orca`).
+    pub orca: bool,
+    /// OIP address advertised to clients (`registry.advertise`); `None`:
+    /// derived from the bound address by [`advertised`].
+    pub advertise: Option<SocketAddr>,
+    /// Admin address advertised to the ops CLI (`registry.admin_advertise`);
+    /// `None`: derived like `advertise`.
+    pub admin_advertise: Option<SocketAddr>,
     /// Workers.
     pub workers: Vec<WorkerSpec>,
     /// Bearer token of mutating admin RPCs; `None` refuses them all.
@@ -418,6 +427,16 @@ impl AgentConfig {
                 problems.push(format!("listen and admin_listen are both {l}"));
             }
         }
+        let advertise = advertise_addr(
+            "registry.advertise",
+            raw.registry.advertise.as_deref(),
+            &mut problems,
+        );
+        let admin_advertise = advertise_addr(
+            "registry.admin_advertise",
+            raw.registry.admin_advertise.as_deref(),
+            &mut problems,
+        );
         let node_id = raw.node_id.unwrap_or_else(default_node_id);
         if node_id.is_empty() || node_id.contains('/') || node_id.chars().any(char::is_whitespace) {
             problems.push(format!(
@@ -550,11 +569,9 @@ impl AgentConfig {
                 fake_gpus: raw.gpu.fake_devices.unwrap_or(2),
                 xid_policy,
                 registry,
-                advertise: raw
-                    .registry
-                    .advertise
-                    .clone()
-                    .unwrap_or_else(|| listen.to_string()),
+                orca: raw.transport.orca.unwrap_or(true),
+                advertise,
+                admin_advertise,
                 workers,
                 admin_token,
                 health,
@@ -643,6 +660,89 @@ fn read_token(path: &Path, problems: &mut Vec<String>) -> Option<AdminToken> {
     }
 }
 
+/// The environment variable that names this host's address, for the
+/// addresses advertised when a listen address is `0.0.0.0` or `::` (the
+/// DaemonSet sets it from the downward API's `status.hostIP`).
+pub const ADVERTISE_IP_ENV: &str = "INFERMESH_ADVERTISE_IP";
+
+/// A configured advertised address: `ip:port`, not unspecified, not port 0.
+fn advertise_addr(
+    key: &str,
+    value: Option<&str>,
+    problems: &mut Vec<String>,
+) -> Option<SocketAddr> {
+    let value = value?;
+    match value.parse::<SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() || a.port() == 0 => {
+            problems.push(format!(
+                "{key}: '{value}' cannot be dialled; give this host's address and port"
+            ));
+            None
+        }
+        Ok(a) => Some(a),
+        Err(_) => {
+            problems.push(format!("{key}: '{value}' is not ip:port"));
+            None
+        }
+    }
+}
+
+/// The address to advertise for a listener bound to `bound`: the configured
+/// one if any; else `bound` itself unless it is unspecified (`0.0.0.0`,
+/// `::`), in which case this host's address (`host_ip`) with the bound port.
+/// Never an unspecified address: a record saying `0.0.0.0:8002` makes a CLI on
+/// another host dial its own agent.
+pub fn advertised(
+    configured: Option<SocketAddr>,
+    bound: SocketAddr,
+    host_ip: impl FnOnce() -> Option<IpAddr>,
+) -> Result<SocketAddr, String> {
+    if let Some(a) = configured {
+        return Ok(a);
+    }
+    if !bound.ip().is_unspecified() {
+        return Ok(bound);
+    }
+    match host_ip() {
+        Some(ip) if !ip.is_unspecified() => Ok(SocketAddr::new(ip, bound.port())),
+        _ => Err(format!(
+            "listening on {bound} and this host's address is unknown: set \
+             {ADVERTISE_IP_ENV}, or registry.advertise / registry.admin_advertise"
+        )),
+    }
+}
+
+/// This host's address: [`ADVERTISE_IP_ENV`] if set, else the source address
+/// of the default route (a UDP socket "connected" to a documentation address:
+/// no packet is sent), of the family of `like`.
+pub fn host_ip(like: IpAddr) -> Option<IpAddr> {
+    if let Ok(v) = std::env::var(ADVERTISE_IP_ENV) {
+        return v.trim().parse().ok();
+    }
+    let (bind, probe) = if like.is_ipv6() {
+        ("[::]:0", "[2001:db8::1]:9")
+    } else {
+        ("0.0.0.0:0", "192.0.2.1:9")
+    };
+    let socket = std::net::UdpSocket::bind(bind).ok()?;
+    socket.connect(probe).ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
+}
+
+/// Registry settings of an agent.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// Where to register.
+    pub url: RegistryUrl,
+    /// Service name.
+    pub service: String,
+    /// Zone.
+    pub zone: String,
+    /// ZooKeeper session timeout.
+    pub session_timeout: Duration,
+}
+
 fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<RegistryConfig> {
     let url = raw.url.as_ref()?;
     let url = match url.parse::<RegistryUrl>() {
@@ -657,11 +757,6 @@ fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<Regi
         problems.push(format!(
             "registry.service: '{service}' must be letters, digits, '-', '_' or '.'"
         ));
-    }
-    if let Some(a) = &raw.advertise {
-        if a.parse::<SocketAddr>().is_err() {
-            problems.push(format!("registry.advertise: '{a}' is not ip:port"));
-        }
     }
     let session_timeout = raw.session_timeout.unwrap_or(DEFAULT_SESSION_TIMEOUT);
     if session_timeout < Duration::from_secs(1) {
@@ -875,5 +970,37 @@ mod tests {
     fn rejects_unknown_fields() {
         let err = RawConfig::from_toml("listn = \"x\"").unwrap_err();
         assert!(err.to_string().contains("listn"), "{err}");
+    }
+
+    #[test]
+    fn advertised_addresses_are_never_unspecified() {
+        let any: SocketAddr = "0.0.0.0:8002".parse().unwrap();
+        let node: IpAddr = "10.0.0.7".parse().unwrap();
+        let bound: SocketAddr = "10.0.0.7:8001".parse().unwrap();
+        assert_eq!(advertised(None, bound, || None).unwrap(), bound);
+        assert_eq!(
+            advertised(None, any, || Some(node)).unwrap(),
+            "10.0.0.7:8002".parse().unwrap()
+        );
+        let pinned: SocketAddr = "192.0.2.9:9".parse().unwrap();
+        assert_eq!(advertised(Some(pinned), any, || None).unwrap(), pinned);
+        let err = advertised(None, any, || None).unwrap_err();
+        assert!(err.contains(ADVERTISE_IP_ENV), "{err}");
+        assert!(advertised(None, any, || Some("0.0.0.0".parse().unwrap())).is_err());
+
+        let cfg = |text: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("[[workers]]\ncommand = \"w\"\n{text}")).unwrap(),
+            )
+        };
+        let text =
+            cfg("[registry]\nurl = \"zk://127.0.0.1:2181\"\nadmin_advertise = \"0.0.0.0:8002\"")
+                .unwrap_err()
+                .to_string();
+        assert!(text.contains("registry.admin_advertise"), "{text}");
+        let ok =
+            cfg("[registry]\nurl = \"zk://127.0.0.1:2181\"\nadmin_advertise = \"10.0.0.7:8002\"")
+                .unwrap();
+        assert_eq!(ok.admin_advertise, Some("10.0.0.7:8002".parse().unwrap()));
     }
 }

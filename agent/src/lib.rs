@@ -28,7 +28,8 @@
 //! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
-//!    [`conn`], [`grpc`], [`trailer`] (load report), [`admin`].
+//!    [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`trailer`]
+//!    (load report), [`admin`].
 //! 7. [`agent::run`]: wiring, serving, ordered shutdown.
 //!
 //! `unsafe` is denied everywhere except [`pdeathsig`], which registers the
@@ -46,6 +47,7 @@ pub mod forward;
 pub mod front;
 pub mod gpu;
 pub mod grpc;
+pub mod grpc_health;
 pub mod health;
 pub mod inbox;
 pub mod launch;

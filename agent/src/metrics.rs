@@ -74,17 +74,20 @@ pub struct ModelMetrics {
 impl ModelMetrics {
     /// Records one answered request.
     pub fn request(&self, code: tonic::Code, took: Duration) {
-        let i = (code as usize).min(CODES - 1);
-        self.by_code[i]
-            .get_or_init(|| {
-                let labels = vec![
-                    ("model", self.name.to_string()),
-                    ("code", format!("{code:?}")),
-                ];
-                self.requests.get_or_create(&labels).clone()
-            })
-            .inc();
+        self.touch(code).inc();
         self.latency.observe(took.as_secs_f64());
+    }
+
+    /// The counter of `code`, created (at zero) if it is not yet.
+    fn touch(&self, code: tonic::Code) -> &Counter {
+        let i = (code as usize).min(CODES - 1);
+        self.by_code[i].get_or_init(|| {
+            let labels = vec![
+                ("model", self.name.to_string()),
+                ("code", format!("{code:?}")),
+            ];
+            self.requests.get_or_create(&labels).clone()
+        })
     }
 }
 
@@ -106,6 +109,7 @@ pub struct Metrics {
     health_pass: Family<Labels, Gauge>,
     health_latency: Family<Labels, Histogram>,
     transport: [Counter; 4],
+    node_state: Family<Labels, Gauge>,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
     unknown: Arc<ModelMetrics>,
 }
@@ -220,8 +224,24 @@ impl Metrics {
             "Times a worker process ended",
             worker_exits.clone(),
         );
+        let build_info = Family::<Labels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "Always 1; the agent's version as a label",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])
+            .set(1);
+        let node_state = Family::<Labels, Gauge>::default();
+        registry.register(
+            "node_state",
+            "1 for the state the node is in: serving, degraded (a GPU quarantined), draining (an operator drained it), stopping (shutting down)",
+            node_state.clone(),
+        );
         let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
         Self {
+            node_state,
             models: RwLock::new(Vec::new()),
             unknown,
             registry: Mutex::new(registry),
@@ -329,6 +349,37 @@ impl Metrics {
         self.queued.set(load.queued as i64);
         self.busy.set(load.busy_ratio);
         self.weight.set(load.weight);
+        let node = node_state(pool);
+        for s in NODE_STATES {
+            self.node_state
+                .get_or_create(&vec![("state", s.to_string())])
+                .set(i64::from(s == node));
+        }
+        // Series exist from the start (at zero), so `rate()` and alerts see
+        // them before the first event: every served model's `Ok` count and
+        // latency, every worker's exits, faults and restarts by reason.
+        let models = pool.models();
+        for i in 0..models.len() {
+            let m = self.model(Some(ModelId(i as u32)), models);
+            m.touch(tonic::Code::Ok);
+        }
+        for w in pool.workers() {
+            let worker = w.id().to_string();
+            drop(
+                self.worker_exits
+                    .get_or_create(&vec![("worker", worker.clone())]),
+            );
+            for r in infermesh_sentinel::FaultReason::ALL {
+                let labels = vec![
+                    ("worker", worker.clone()),
+                    ("reason", r.as_label().to_string()),
+                ];
+                drop(self.worker_restarts.get_or_create(&labels));
+                if r != infermesh_sentinel::FaultReason::Operator {
+                    drop(self.worker_faults.get_or_create(&labels));
+                }
+            }
+        }
         for w in pool.workers() {
             let state = w.snapshot().state;
             for s in State::ALL {
@@ -345,6 +396,22 @@ impl Metrics {
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         encode(&mut out, &registry).expect("encoding to a String cannot fail");
         out
+    }
+}
+
+/// The values of `infermesh_node_state`'s `state` label.
+pub const NODE_STATES: [&str; 4] = ["serving", "degraded", "draining", "stopping"];
+
+/// The node's state as `infermesh_node_state` shows it; the most severe wins.
+fn node_state(pool: &Pool) -> &'static str {
+    if pool.is_stopping() {
+        "stopping"
+    } else if pool.is_draining() {
+        "draining"
+    } else if pool.degraded() {
+        "degraded"
+    } else {
+        "serving"
     }
 }
 
@@ -445,6 +512,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A fresh agent already shows its version, its state and zero-valued
+    /// series for every model and worker, so alerts and `rate()` see them.
+    #[test]
+    fn series_exist_from_the_start() {
+        let metrics = Metrics::new();
+        let pool = test_pool();
+        pool.models().intern("dense").unwrap();
+        let text = metrics.render(&pool);
+        let version = env!("CARGO_PKG_VERSION");
+        for line in [
+            format!(r#"infermesh_build_info{{version="{version}"}} 1"#),
+            r#"infermesh_node_state{state="serving"} 1"#.to_string(),
+            r#"infermesh_node_state{state="draining"} 0"#.to_string(),
+            r#"infermesh_requests_total{model="dense",code="Ok"} 0"#.to_string(),
+            r#"infermesh_worker_exits_total{worker="w0"} 0"#.to_string(),
+            r#"infermesh_worker_faults_total{worker="w0",reason="exit"} 0"#.to_string(),
+            r#"infermesh_worker_restarts_total{worker="w0",reason="operator"} 0"#.to_string(),
+        ] {
+            assert!(text.contains(&line), "missing {line} in:\n{text}");
+        }
+        assert!(!text.contains(r#"infermesh_worker_faults_total{worker="w0",reason="operator"}"#));
+        assert!(text.contains("infermesh_request_duration_seconds_count{model=\"dense\"} 0"));
+        pool.set_draining(true);
+        let text = metrics.render(&pool);
+        assert!(text.contains(r#"infermesh_node_state{state="draining"} 1"#));
+        assert!(text.contains(r#"infermesh_node_state{state="serving"} 0"#));
     }
 
     #[test]

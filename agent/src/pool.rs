@@ -32,7 +32,7 @@ use infermesh_proto::load::LoadReport;
 use infermesh_sentinel::State;
 use tokio::sync::oneshot;
 
-use crate::busy::BusyWindow;
+use crate::busy::{BusyWindow, RateWindow};
 use crate::error::AgentError;
 use crate::models::{ModelId, Models};
 use crate::state::{Process, Worker};
@@ -47,6 +47,7 @@ pub struct Pool {
     sched: Mutex<Sched>,
     stopping: AtomicBool,
     draining: AtomicBool,
+    orca: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -57,6 +58,8 @@ struct Sched {
     queued: usize,
     in_flight: u64,
     busy: BusyWindow,
+    /// Requests completed per second (ORCA's `rps_fractional`).
+    completions: RateWindow,
     next_seq: u64,
     cursor: usize,
     routable: usize,
@@ -114,6 +117,7 @@ impl Pool {
                 queued: 0,
                 in_flight: 0,
                 busy: BusyWindow::default(),
+                completions: RateWindow::default(),
                 next_seq: 0,
                 cursor: 0,
                 routable: 0,
@@ -121,6 +125,7 @@ impl Pool {
             }),
             stopping: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            orca: AtomicBool::new(false),
         });
         for w in &pool.workers {
             pool.worker_changed(w.index);
@@ -359,13 +364,21 @@ impl Pool {
 
     /// The node's current load.
     pub fn load(&self) -> LoadReport {
+        self.load_and_rate().0
+    }
+
+    /// The node's current load and its requests completed per second over
+    /// the last 10 s, under one lock.
+    pub fn load_and_rate(&self) -> (LoadReport, f64) {
         let mut s = lock(&self.sched);
-        LoadReport {
+        let now = Instant::now();
+        let report = LoadReport {
             in_flight: s.in_flight,
             queued: s.queued as u64,
-            busy_ratio: s.busy.ratio(Instant::now()),
+            busy_ratio: s.busy.ratio(now),
             weight: self.weight_with(s.routable),
-        }
+        };
+        (report, s.completions.per_second(now))
     }
 
     /// Marks the agent as stopping (readiness turns false).
@@ -376,6 +389,16 @@ impl Pool {
     /// Whether the agent is stopping.
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Whether responses carry the ORCA load report (`[transport] orca`).
+    pub fn set_orca(&self, on: bool) {
+        self.orca.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether responses carry the ORCA load report.
+    pub fn orca(&self) -> bool {
+        self.orca.load(Ordering::Relaxed)
     }
 
     /// Marks the node drained by an operator (or not). Requests are still
@@ -505,9 +528,11 @@ pub struct Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let mut s = lock(&self.pool.sched);
+        let now = Instant::now();
         s.in_flight -= 1;
+        s.completions.record(now);
         if s.in_flight == 0 {
-            s.busy.stop(Instant::now());
+            s.busy.stop(now);
         }
     }
 }

@@ -1,55 +1,22 @@
-//! Advertising this node in the registry.
-//!
-//! With a ZooKeeper registry the agent keeps an ephemeral znode at
-//! `/infermesh/v1/services/<service>/nodes/<node-id>` holding its
-//! [`NodeRecord`]:
-//!
-//! - created once a worker is ready (a node with nothing to serve is not
-//!   advertised);
-//! - rewritten when its state or models' readiness change (at once) or its
-//!   weight moves by more than [`WEIGHT_HYSTERESIS`] (at most once per
-//!   [`MIN_REWRITE_INTERVAL`]), so weights do not flap;
-//! - re-created after a session expiry (the `zookeeper-client` crate reports
-//!   expiry as a terminal state instead of silently reconnecting with a new
-//!   session, which would lose the ephemeral node unnoticed);
-//! - on shutdown, rewritten as `draining` (clients stop sending new requests)
-//!   while in-flight requests finish, then deleted.
-//!
-//! A crashed host's node disappears when its session times out. A `static://`
-//! registry has nothing to write.
+//! Advertising this node in the registry: builds the node's [`NodeRecord`]
+//! from the pool and GPU telemetry; `infermesh-registry`'s
+//! [`publish`](infermesh_registry::publish) keeps it in ZooKeeper (ephemeral
+//! node, rewrites, re-registration after a session expiry, `draining` then
+//! deleted on shutdown, reconnects with `infermesh-backoff`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use infermesh_gpu::GpuTelemetry;
-use infermesh_proto::registry::{
-    Capacity, Endpoints, ModelEntry, NodeRecord, NodeState, RegistryUrl, SCHEMA, node_path,
-    nodes_path,
+use infermesh_proto::registry::{Capacity, Endpoints, ModelEntry, NodeRecord, NodeState, SCHEMA};
+use infermesh_registry::publish::{self, Advertise, PublishConfig};
+pub use infermesh_registry::publish::{
+    MIN_REWRITE_INTERVAL, Phase, WEIGHT_HYSTERESIS, worth_rewriting,
 };
 use tokio::sync::watch;
-use zookeeper_client as zk;
 
+pub use crate::config::RegistryConfig;
 use crate::pool::Pool;
-
-/// Relative weight change below which the record is not rewritten.
-pub const WEIGHT_HYSTERESIS: f64 = 0.1;
-/// Least time between two weight-only rewrites.
-pub const MIN_REWRITE_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the record is recomputed.
-const TICK: Duration = Duration::from_millis(100);
-
-/// Registry settings of an agent.
-#[derive(Debug, Clone)]
-pub struct RegistryConfig {
-    /// Where to register.
-    pub url: RegistryUrl,
-    /// Service name.
-    pub service: String,
-    /// Zone.
-    pub zone: String,
-    /// ZooKeeper session timeout.
-    pub session_timeout: Duration,
-}
 
 /// What the registration task needs to build the record.
 pub struct Advertised {
@@ -67,21 +34,16 @@ pub struct Advertised {
     pub pool: Arc<Pool>,
     /// The RDMA path's kind (`verbs`, `emulated`) when the agent offers one.
     pub rdma: Option<String>,
+    /// Zone advertised.
+    pub zone: String,
 }
 
-/// The shutdown phases the registration follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Normal operation.
-    Serving,
-    /// Shutting down: advertise `draining`.
-    Draining,
-    /// In-flight requests done: delete the record and stop.
-    Gone,
-}
+impl Advertise for Advertised {
+    fn ready(&self) -> bool {
+        self.pool.any_ready()
+    }
 
-impl Advertised {
-    fn record(&self, cfg: &RegistryConfig, phase: Phase) -> NodeRecord {
+    fn record(&self, phase: Phase) -> NodeRecord {
         let devices = self.gpus.devices();
         let state = if phase != Phase::Serving {
             NodeState::Draining
@@ -93,7 +55,7 @@ impl Advertised {
         NodeRecord {
             schema: SCHEMA,
             node_id: self.node_id.clone(),
-            zone: cfg.zone.clone(),
+            zone: self.zone.clone(),
             host: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .map(|h| h.trim().to_string())
                 .unwrap_or_default(),
@@ -125,220 +87,13 @@ impl Advertised {
     }
 }
 
-/// Whether `new` differs enough from what was written last to rewrite it.
-pub fn worth_rewriting(last: &NodeRecord, new: &NodeRecord, since_last: Duration) -> bool {
-    if last.state != new.state || last.models != new.models || last.endpoints != new.endpoints {
-        return true;
-    }
-    let moved = (new.weight - last.weight).abs() > WEIGHT_HYSTERESIS * last.weight.max(1e-9);
-    let to_or_from_zero = (last.weight == 0.0) != (new.weight == 0.0);
-    // Going to or from zero weight is written at once; other moves are rate-limited.
-    to_or_from_zero || (moved && since_last >= MIN_REWRITE_INTERVAL)
-}
-
 /// Keeps the node's record in the registry until `phase` reaches [`Phase::Gone`].
-pub async fn run(cfg: RegistryConfig, node: Advertised, mut phase: watch::Receiver<Phase>) {
-    let RegistryUrl::ZooKeeper { hosts, chroot } = &cfg.url else {
-        tracing::info!("static registry: nothing to register");
-        return;
+pub async fn run(cfg: RegistryConfig, node: Advertised, phase: watch::Receiver<Phase>) {
+    let cfg = PublishConfig {
+        url: cfg.url,
+        service: cfg.service,
+        node_id: node.node_id.clone(),
+        session_timeout: cfg.session_timeout,
     };
-    // Connect without the chroot: it may not exist yet, and a chrooted
-    // session cannot create it.
-    let connect = hosts.join(",");
-    let path = node_path(&cfg.service, &node.node_id);
-    let mut retry = Duration::from_millis(200);
-    loop {
-        if *phase.borrow() == Phase::Gone {
-            return;
-        }
-        let client = tokio::select! {
-            c = zk::Client::connector().with_session_timeout(cfg.session_timeout).connect(&connect) => c,
-            _ = phase.wait_for(|p| *p == Phase::Gone) => return,
-        };
-        let client = match client {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(registry = %connect, error = %e, retry_in = ?retry, "cannot reach ZooKeeper; will retry");
-                tokio::select! {
-                    _ = tokio::time::sleep(retry) => {}
-                    _ = phase.wait_for(|p| *p == Phase::Gone) => return,
-                }
-                retry = (retry * 2).min(Duration::from_secs(5));
-                continue;
-            }
-        };
-        retry = Duration::from_millis(200);
-        tracing::info!(registry = %connect, session = ?client.session_id(), "connected to ZooKeeper");
-        let client = match chrooted(client, chroot, &cfg.service).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot prepare the registry path; will retry");
-                tokio::time::sleep(retry).await;
-                continue;
-            }
-        };
-        match register(&client, &cfg, &node, &path, &mut phase).await {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, "ZooKeeper session lost; registering again with a new session")
-            }
-        }
-    }
-}
-
-/// Registers with one session; `Ok` when done (deleted on shutdown), `Err`
-/// when the session ended and a new one is needed.
-async fn register(
-    client: &zk::Client,
-    cfg: &RegistryConfig,
-    node: &Advertised,
-    path: &str,
-    phase: &mut watch::Receiver<Phase>,
-) -> Result<(), String> {
-    let mut state = client.state_watcher();
-    let mut tick = tokio::time::interval(TICK);
-    let mut written: Option<(NodeRecord, Instant)> = None;
-    loop {
-        tokio::select! {
-            s = state.changed() => {
-                if s.is_terminated() {
-                    return Err(format!("session {s:?}"));
-                }
-                if s == zk::SessionState::Disconnected {
-                    tracing::warn!("disconnected from ZooKeeper; the record stays while the session lives");
-                }
-                continue;
-            }
-            _ = tick.tick() => {}
-            _ = phase.changed() => {}
-        }
-        let current = *phase.borrow();
-        if current == Phase::Gone {
-            if written.is_some() {
-                match client.delete(path, None).await {
-                    Ok(()) | Err(zk::Error::NoNode) => tracing::info!(path, "deregistered"),
-                    Err(e) => {
-                        tracing::warn!(path, error = %e, "could not delete the record; it goes with the session")
-                    }
-                }
-            }
-            return Ok(());
-        }
-        if written.is_none() && !node.pool.any_ready() {
-            continue;
-        }
-        let record = node.record(cfg, current);
-        let due = match &written {
-            None => true,
-            Some((last, at)) => worth_rewriting(last, &record, at.elapsed()),
-        };
-        if !due {
-            continue;
-        }
-        let result = if written.is_none() {
-            create(client, path, &record).await
-        } else {
-            client
-                .set_data(path, &record.to_json(), None)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        match result {
-            Ok(()) => {
-                tracing::info!(path, state = ?record.state, weight = record.weight, "registry record written");
-                written = Some((record, Instant::now()));
-            }
-            Err(e) => {
-                tracing::warn!(path, error = %e, "could not write the registry record; will retry")
-            }
-        }
-    }
-}
-
-/// Creates `<chroot>/infermesh/v1/services/<service>/nodes` (persistent) and
-/// returns the client rooted at `chroot`.
-async fn chrooted(client: zk::Client, chroot: &str, service: &str) -> Result<zk::Client, String> {
-    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    let full = format!("{chroot}{}", nodes_path(service));
-    match client.mkdir(&full, &persistent).await {
-        Ok(()) | Err(zk::Error::NodeExists) => {}
-        Err(e) => return Err(format!("creating {full}: {e}")),
-    }
-    if chroot.is_empty() {
-        return Ok(client);
-    }
-    client
-        .chroot(chroot.to_string())
-        .map_err(|_| format!("invalid chroot '{chroot}'"))
-}
-
-/// Creates the ephemeral record, replacing one left by an earlier session of
-/// this node (e.g. the agent restarted before its old session expired).
-async fn create(client: &zk::Client, path: &str, record: &NodeRecord) -> Result<(), String> {
-    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-    match client.create(path, &record.to_json(), &ephemeral).await {
-        Ok(_) => Ok(()),
-        Err(zk::Error::NodeExists) => {
-            tracing::warn!(
-                path,
-                "a record for this node id exists from another session; replacing it"
-            );
-            client.delete(path, None).await.map_err(|e| e.to_string())?;
-            client
-                .create(path, &record.to_json(), &ephemeral)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        }
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn record(weight: f64, state: NodeState) -> NodeRecord {
-        NodeRecord {
-            schema: SCHEMA,
-            node_id: "n".into(),
-            zone: String::new(),
-            host: String::new(),
-            version: String::new(),
-            state,
-            weight,
-            capacity: Capacity::default(),
-            endpoints: Endpoints::default(),
-            models: vec![],
-            updated_ms: 0,
-        }
-    }
-
-    #[test]
-    fn weight_changes_are_rate_limited_with_hysteresis() {
-        let last = record(1.0, NodeState::Serving);
-        let long = MIN_REWRITE_INTERVAL * 2;
-        assert!(
-            !worth_rewriting(&last, &record(1.05, NodeState::Serving), long),
-            "within hysteresis"
-        );
-        assert!(worth_rewriting(
-            &last,
-            &record(0.5, NodeState::Serving),
-            long
-        ));
-        assert!(
-            !worth_rewriting(&last, &record(0.5, NodeState::Serving), Duration::ZERO),
-            "rate-limited"
-        );
-        assert!(
-            worth_rewriting(&last, &record(0.0, NodeState::Serving), Duration::ZERO),
-            "to zero at once"
-        );
-        assert!(
-            worth_rewriting(&last, &record(1.0, NodeState::Draining), Duration::ZERO),
-            "state at once"
-        );
-    }
+    publish::run(cfg, node, phase).await
 }

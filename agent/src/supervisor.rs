@@ -30,7 +30,9 @@ use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::{
     ModelMetadataRequest, ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest,
 };
-use infermesh_sentinel::{Action, Event, FaultPatterns, Notice, Sentinel, SentinelConfig, State};
+use infermesh_sentinel::{
+    Action, Event, FaultPatterns, FaultReason, Notice, Sentinel, SentinelConfig, State,
+};
 use nix::sys::signal::Signal;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -338,6 +340,15 @@ impl Supervisor {
         let id = self.worker.id().to_string();
         let log = Arc::clone(&self.driver.log);
         match notice {
+            // An operator's restart is not a fault: it is counted in
+            // `worker_restarts{reason="operator"}` only and leaves `last_fault` alone.
+            Notice::Fault {
+                reason: FaultReason::Operator,
+                detail,
+            } => {
+                tracing::info!(worker = %id, %detail, "operator restart: stopping the worker");
+                log.push_event("operator", detail);
+            }
             Notice::Fault { reason, detail } => {
                 tracing::error!(worker = %id, reason = reason.as_label(), %detail, "worker fault detected");
                 self.ctx.metrics.worker_fault(&id, reason.as_label());

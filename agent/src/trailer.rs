@@ -6,6 +6,12 @@
 //! "trailers-only" error response. It is taken when the response ends, so
 //! it reflects the load after this request. Values are formatted without
 //! allocating.
+//!
+//! Beside it, unless `[transport] orca = false`, the standard ORCA report
+//! (`endpoint-load-metrics-bin`: an xds `OrcaLoadReport`), which gRPC's and
+//! Envoy's client-side weighted round robin read: `application_utilization`
+//! = busy ratio, `rps_fractional` = requests completed per second over the
+//! last 10 s, and `named_metrics` `inflight`, `queue`, `busy`, `weight`.
 
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -52,7 +58,59 @@ fn milli(x: f64) -> (u64, u64) {
 
 /// Adds the pool's current report to `map`.
 pub fn add_report(pool: &Pool, map: &mut HeaderMap) {
-    write_report(&pool.load(), map);
+    let (report, rps) = pool.load_and_rate();
+    write_report(&report, map);
+    if pool.orca() {
+        write_orca(&report, rps, map);
+    }
+}
+
+/// The ORCA trailer's name.
+pub const ORCA_KEY: &str = "endpoint-load-metrics-bin";
+
+/// Writes `report` as an xds `OrcaLoadReport` (protobuf, base64 without
+/// padding as gRPC's `-bin` metadata is sent) into `map`. Encoded by hand
+/// into a stack buffer: field numbers from
+/// `xds/data/orca/v3/orca_load_report.proto`.
+pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
+    use base64::Engine as _;
+    const APPLICATION_UTILIZATION: u8 = 9;
+    const RPS_FRACTIONAL: u8 = 6;
+    const NAMED_METRICS: u8 = 8;
+    const FIXED64: u8 = 1;
+    const LEN: u8 = 2;
+    let mut buf = [0u8; 128];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        buf[n..n + bytes.len()].copy_from_slice(bytes);
+        n += bytes.len();
+    };
+    let double = |field: u8, v: f64, put: &mut dyn FnMut(&[u8])| {
+        put(&[(field << 3) | FIXED64]);
+        put(&v.to_le_bytes());
+    };
+    double(APPLICATION_UTILIZATION, report.busy_ratio, &mut put);
+    double(RPS_FRACTIONAL, rps, &mut put);
+    for (name, value) in [
+        ("inflight", report.in_flight as f64),
+        ("queue", report.queued as f64),
+        ("busy", report.busy_ratio),
+        ("weight", report.weight),
+    ] {
+        // A map entry: key (field 1, string) and value (field 2, double).
+        let entry_len = 2 + name.len() + 9;
+        put(&[(NAMED_METRICS << 3) | LEN, entry_len as u8]);
+        put(&[(1 << 3) | LEN, name.len() as u8]);
+        put(name.as_bytes());
+        double(2, value, &mut put);
+    }
+    let mut text = [0u8; 172];
+    let len = base64::engine::general_purpose::STANDARD_NO_PAD
+        .encode_slice(&buf[..n], &mut text)
+        .expect("128 bytes fit in 172 base64 characters");
+    if let Ok(v) = HeaderValue::from_bytes(&text[..len]) {
+        map.insert(ORCA_KEY, v);
+    }
 }
 
 /// A response body of the OIP port.
@@ -156,5 +214,46 @@ mod tests {
         write_report(&report, &mut map);
         let md = tonic::metadata::MetadataMap::from_headers(map);
         assert_eq!(LoadReport::from_metadata(&md), Some(report));
+    }
+}
+
+#[cfg(test)]
+mod orca_tests {
+    use super::*;
+
+    /// Field numbers as in xds `orca_load_report.proto`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OrcaLoadReport {
+        #[prost(double, tag = "6")]
+        rps_fractional: f64,
+        #[prost(map = "string, double", tag = "8")]
+        named_metrics: std::collections::HashMap<String, f64>,
+        #[prost(double, tag = "9")]
+        application_utilization: f64,
+    }
+
+    #[test]
+    fn the_orca_report_decodes_as_an_orca_load_report() {
+        use base64::Engine as _;
+        use prost::Message as _;
+        let report = LoadReport {
+            in_flight: 3,
+            queued: 12,
+            busy_ratio: 0.25,
+            weight: 2.5,
+        };
+        let mut map = HeaderMap::new();
+        write_orca(&report, 1234.5, &mut map);
+        let text = map.get(ORCA_KEY).expect("the ORCA trailer");
+        let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(text.as_bytes())
+            .unwrap();
+        let orca = OrcaLoadReport::decode(&bytes[..]).unwrap();
+        assert_eq!(orca.rps_fractional, 1234.5);
+        assert_eq!(orca.application_utilization, 0.25);
+        assert_eq!(orca.named_metrics["inflight"], 3.0);
+        assert_eq!(orca.named_metrics["queue"], 12.0);
+        assert_eq!(orca.named_metrics["busy"], 0.25);
+        assert_eq!(orca.named_metrics["weight"], 2.5);
     }
 }

@@ -6,6 +6,7 @@ use clap::Args;
 use infermesh_agent::{AgentConfig, RawConfig, RawWorker};
 
 use crate::exit;
+use crate::logging::LogFormat;
 
 /// Run the agent. A config file is optional: the common settings are flags,
 /// and flags override the file. Example:
@@ -58,13 +59,92 @@ pub struct AgentArgs {
     /// A worker command line (repeatable); added to the config file's workers.
     #[arg(long = "worker", value_name = "COMMAND LINE")]
     workers: Vec<String>,
-    /// Check the configuration, print every problem found, and exit.
+    /// Check the configuration without starting anything: parse it, look up
+    /// every worker program, and try to bind the listen addresses. Prints every
+    /// problem found; exits 0 if none, 78 for a bad config or a missing
+    /// program, 69 when a listen address is taken.
     #[arg(long)]
     check_config: bool,
+    /// Log lines as human-readable text or as one JSON object per line.
+    #[arg(long, value_enum, env = "INFERMESH_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// What `--check-config` found beyond parsing.
+fn check_config(cfg: &AgentConfig) -> i32 {
+    let mut config_problems = Vec::new();
+    let mut warnings = Vec::new();
+    for w in &cfg.workers {
+        let Some(program) = w.argv.first() else {
+            config_problems.push(format!("worker {}: empty command", w.id));
+            continue;
+        };
+        if find_program(program).is_none() {
+            config_problems.push(format!(
+                "worker {}: program '{program}' not found (not an executable file{})",
+                w.id,
+                if program.contains('/') {
+                    ""
+                } else {
+                    " on PATH"
+                }
+            ));
+        }
+        if !w.argv.iter().any(|a| a.contains("{port}")) {
+            warnings.push(format!(
+                "worker {}: no {{port}} in its command; it must listen on the port in \
+                 INFERMESH_WORKER_PORT or the agent cannot reach it",
+                w.id
+            ));
+        }
+    }
+    let mut taken = Vec::new();
+    for (what, addr) in [("listen", cfg.listen), ("admin_listen", cfg.admin_listen)] {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            taken.push(format!("{what}: cannot bind {addr}: {e}"));
+        }
+    }
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    for p in config_problems.iter().chain(&taken) {
+        eprintln!("error: {p}");
+    }
+    if !config_problems.is_empty() {
+        return exit::CONFIG;
+    }
+    if !taken.is_empty() {
+        return exit::UNAVAILABLE;
+    }
+    println!(
+        "configuration OK: node {}, OIP on {}, admin on {}, {} worker(s)",
+        cfg.node_id,
+        cfg.listen,
+        cfg.admin_listen,
+        cfg.workers.len()
+    );
+    exit::OK
+}
+
+/// The executable `program` names: a path if it has a `/`, else the first
+/// match on `PATH` (as `execvp` looks it up).
+fn find_program(program: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return executable(&p).then_some(p);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
 }
 
 pub fn main(args: AgentArgs) -> i32 {
-    crate::logging::init();
+    crate::logging::init(args.log_format);
     let cfg = match load(&args) {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -73,14 +153,7 @@ pub fn main(args: AgentArgs) -> i32 {
         }
     };
     if args.check_config {
-        println!(
-            "configuration OK: node {}, OIP on {}, admin on {}, {} worker(s)",
-            cfg.node_id,
-            cfg.listen,
-            cfg.admin_listen,
-            cfg.workers.len()
-        );
-        return exit::OK;
+        return check_config(&cfg);
     }
     // One thread: a current-thread runtime, which needs no work stealing,
     // no cross-thread wake-ups and no parking of idle workers.
@@ -99,6 +172,10 @@ pub fn main(args: AgentArgs) -> i32 {
         Err(e @ infermesh_agent::RunError::Bind { .. }) => {
             eprintln!("error: {e}");
             exit::UNAVAILABLE
+        }
+        Err(e @ infermesh_agent::RunError::Advertise(_)) => {
+            eprintln!("error: {e}");
+            exit::CONFIG
         }
         Err(e) => {
             eprintln!("error: {e}");

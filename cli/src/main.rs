@@ -13,7 +13,7 @@ mod logging;
 mod ops;
 mod shim;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// infermesh keeps GPU inference serving up and fast across a fleet of GPU
 /// hosts: an agent per host that supervises inference workers and fronts them
@@ -53,13 +53,33 @@ enum Command {
     Restart(ops::restart::RestartArgs),
     /// Print the version.
     Version,
+    /// Print a shell completion script, e.g.
+    /// `infermesh completions bash > /etc/bash_completion.d/infermesh`.
+    Completions {
+        /// The shell to complete for.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Run a worker command for the agent so it dies with the agent (internal).
     #[command(hide = true)]
     WorkerShim(shim::ShimArgs),
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // Usage errors exit 64 (sysexits' EX_USAGE), not clap's 2; --help and
+    // --version print to stdout and exit 0.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                exit::USAGE
+            } else {
+                exit::OK
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
     let code = match cli.command {
         Command::Agent(args) => agent_cmd::main(args),
         Command::Bench(args) => bench::main(args),
@@ -72,6 +92,15 @@ fn main() {
         Command::Undrain(args) => ops::drain::undrain_main(args),
         Command::Restart(args) => ops::restart::main(args),
         Command::WorkerShim(args) => shim::main(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "infermesh",
+                &mut std::io::stdout(),
+            );
+            exit::OK
+        }
         Command::Version => {
             println!("infermesh {}", env!("CARGO_PKG_VERSION"));
             exit::OK

@@ -4,16 +4,35 @@
 //! registry URL's chroot), and the [`RegistryUrl`] that names a registry.
 //!
 //! Records come from the network and are never trusted to parse:
-//! [`NodeRecord::from_json`] validates every field, and readers skip (and log)
+//! [`NodeRecord::from_json`] bounds the input ([`MAX_RECORD_BYTES`],
+//! [`MAX_MODELS`]) and validates every field, and readers skip (and log)
 //! records that fail.
+//!
+//! # Compatibility rule
+//!
+//! `schema` is the record's major version. Within one major version writers
+//! only *add* optional fields, and readers ignore fields they do not know, so
+//! agents and clients of one major version upgrade in any order. Anything
+//! else — a field removed, renamed or re-typed, a new `state`, a changed
+//! meaning — is a new major version. A reader skips a record of a major
+//! version it does not know ([`RecordError::Schema`]; the client logs it once
+//! per node) rather than guess at fields whose meaning changed: during a
+//! rolling upgrade to a new major, upgrade clients first.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Schema version written in every record; readers accept this one only.
+/// Schema (major) version written in every record; readers accept this one,
+/// with unknown fields ignored (see the module's compatibility rule).
 pub const SCHEMA: u32 = 1;
+
+/// Largest record a reader parses, in bytes.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024;
+
+/// Most models one record may list.
+pub const MAX_MODELS: usize = 1024;
 
 /// Root of all infermesh data in a registry.
 pub const ROOT: &str = "/infermesh/v1/services";
@@ -53,7 +72,6 @@ pub enum NodeState {
 
 /// Where a node can be reached.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 pub struct Endpoints {
     /// OIP gRPC address.
     pub grpc: String,
@@ -72,7 +90,6 @@ pub struct Endpoints {
 
 /// GPU capacity behind a node's weight.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 pub struct Capacity {
     /// GPU model name (e.g. "NVIDIA H100 80GB HBM3"), empty when unknown.
     #[serde(default)]
@@ -86,7 +103,6 @@ pub struct Capacity {
 
 /// A model and whether the node has a ready worker for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ModelEntry {
     /// Model name.
     pub name: String,
@@ -96,7 +112,6 @@ pub struct ModelEntry {
 
 /// One agent's advertisement.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct NodeRecord {
     /// Always [`SCHEMA`].
     pub schema: u32,
@@ -132,8 +147,8 @@ pub enum RecordError {
     /// Not JSON of the record's shape.
     #[error("not a node record: {0}")]
     Malformed(String),
-    /// A schema this reader does not know.
-    #[error("schema {0} is not supported (expected {SCHEMA})")]
+    /// A schema (major version) this reader does not know.
+    #[error("schema {0} is not supported (this reader knows schema {SCHEMA})")]
     Schema(u32),
     /// A field with an impossible value.
     #[error("invalid {field}: {why}")]
@@ -154,14 +169,27 @@ impl NodeRecord {
     /// Parses and validates a record read from the registry; `expected_id`
     /// is the znode name it was found under.
     pub fn from_json(bytes: &[u8], expected_id: &str) -> Result<Self, RecordError> {
-        if bytes.len() > 64 * 1024 {
+        if bytes.len() > MAX_RECORD_BYTES {
             return Err(RecordError::Malformed(format!(
-                "{} bytes is too large",
+                "{} bytes is over the {MAX_RECORD_BYTES}-byte cap",
                 bytes.len()
             )));
         }
-        let record: NodeRecord =
-            serde_json::from_slice(bytes).map_err(|e| RecordError::Malformed(e.to_string()))?;
+        let record: NodeRecord = match serde_json::from_slice(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                // A record of another major version may not parse as this
+                // one: say which schema it is rather than "malformed".
+                #[derive(Deserialize)]
+                struct Schema {
+                    schema: u32,
+                }
+                return Err(match serde_json::from_slice::<Schema>(bytes) {
+                    Ok(Schema { schema }) if schema != SCHEMA => RecordError::Schema(schema),
+                    _ => RecordError::Malformed(e.to_string()),
+                });
+            }
+        };
         record.validate(expected_id)?;
         Ok(record)
     }
@@ -175,6 +203,12 @@ impl NodeRecord {
             return invalid(
                 "node_id",
                 format!("'{}' under znode '{expected_id}'", self.node_id),
+            );
+        }
+        if self.models.len() > MAX_MODELS {
+            return invalid(
+                "models",
+                format!("{} entries (at most {MAX_MODELS})", self.models.len()),
             );
         }
         if !(self.weight.is_finite() && self.weight >= 0.0) {
@@ -338,13 +372,58 @@ mod tests {
         let mut bad = r;
         bad.endpoints.grpc = "nowhere".into();
         assert!(NodeRecord::from_json(&bad.to_json(), "gpu-1").is_err());
-        let text = String::from_utf8(record().to_json())
-            .unwrap()
-            .replace("\"zone\"", "\"zonk\"");
-        assert!(
-            NodeRecord::from_json(text.as_bytes(), "gpu-1").is_err(),
-            "unknown fields are refused"
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_within_the_schema() {
+        // A newer agent of the same major version added fields at every level.
+        let mut value: serde_json::Value = serde_json::from_slice(&record().to_json()).unwrap();
+        value["placement"] = serde_json::json!({"rack": "r7"});
+        value["capacity"]["hbm_gib"] = serde_json::json!(80);
+        value["endpoints"]["quic2"] = serde_json::json!("127.0.0.1:9");
+        value["models"][0]["max_batch"] = serde_json::json!(64);
+        let bytes = serde_json::to_vec(&value).unwrap();
+        assert_eq!(NodeRecord::from_json(&bytes, "gpu-1"), Ok(record()));
+    }
+
+    #[test]
+    fn other_major_versions_are_refused_as_such() {
+        // A schema-2 record whose fields no longer fit schema 1.
+        let v2 = br#"{"schema":2,"node_id":"gpu-1","state":{"phase":"up"},"endpoints":["x"]}"#;
+        assert_eq!(
+            NodeRecord::from_json(v2, "gpu-1"),
+            Err(RecordError::Schema(2))
         );
+        let mut v0 = record();
+        v0.schema = 0;
+        assert_eq!(
+            NodeRecord::from_json(&v0.to_json(), "gpu-1"),
+            Err(RecordError::Schema(0))
+        );
+    }
+
+    #[test]
+    fn input_is_bounded() {
+        let mut big = record();
+        big.host = "h".repeat(MAX_RECORD_BYTES);
+        assert!(matches!(
+            NodeRecord::from_json(&big.to_json(), "gpu-1"),
+            Err(RecordError::Malformed(_))
+        ));
+        let mut many = record();
+        many.models = (0..=MAX_MODELS)
+            .map(|i| ModelEntry {
+                name: format!("m{i}"),
+                ready: true,
+            })
+            .collect();
+        assert!(matches!(
+            NodeRecord::from_json(&many.to_json(), "gpu-1"),
+            Err(RecordError::Invalid {
+                field: "models",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! A real Apache ZooKeeper for tests: Debian's `zookeeper` package, started
 //! as `java ... QuorumPeerMain` with its own zoo.cfg on a free loopback port,
-//! ready once it answers `ruok`, stopped by PID on drop.
+//! ready once it answers `ruok`, stopped by PID on drop. A test can
+//! [`Zk::kill`] it and [`Zk::restart`] it on the same port and data
+//! directory (sessions and records survive, as with a real restart), and ask
+//! it how many watches its clients hold ([`Zk::total_watches`], `wchs`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -36,7 +39,7 @@ impl Zk {
             dir.join("zoo.cfg"),
             format!(
                 "tickTime=500\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                 admin.enableServer=false\n4lw.commands.whitelist=ruok,stat\nmaxClientCnxns=0\n",
+                 admin.enableServer=false\n4lw.commands.whitelist=ruok,stat,wchs,mntr\nmaxClientCnxns=0\n",
                 dir.join("data").display()
             ),
         )
@@ -83,6 +86,18 @@ impl Zk {
         }
     }
 
+    /// Watches the server holds for all its clients (`wchs`'s "Total
+    /// watches"; persistent recursive watches count one per path and
+    /// session). `None` while it does not answer.
+    pub fn total_watches(&self) -> Option<u64> {
+        let out = four_letter(self.port, "wchs")?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("Total watches:"))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// `127.0.0.1:port`.
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
@@ -102,10 +117,15 @@ impl Drop for Zk {
 }
 
 fn ruok(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-    let mut buf = [0u8; 4];
-    s.write_all(b"ruok").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"imok"
+    four_letter(port, "ruok").is_some_and(|a| a == "imok")
+}
+
+/// Sends a four-letter command; the server's answer (it closes after it).
+fn four_letter(port: u16, cmd: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    s.write_all(cmd.as_bytes()).ok()?;
+    let mut answer = String::new();
+    s.take(64 * 1024).read_to_string(&mut answer).ok()?;
+    Some(answer)
 }

@@ -282,7 +282,28 @@ fn embedded_agent_toml_passes_the_agents_checks() {
     let docs = docs();
     let cfg = agent_config(&docs);
     assert_eq!(cfg.node_id, "gpu-node-1", "--node-id $(NODE_NAME)");
-    assert_eq!(cfg.advertise, "10.0.0.7:8001", "clients get the node's IP");
+    let no_host_ip = || None;
+    assert_eq!(
+        infermesh_agent::config::advertised(cfg.advertise, cfg.listen, no_host_ip).unwrap(),
+        "10.0.0.7:8001".parse().unwrap(),
+        "clients get the node's IP"
+    );
+    // The admin port listens on every interface; the record carries the
+    // node's IP (INFERMESH_ADVERTISE_IP from status.hostIP), never 0.0.0.0.
+    assert!(cfg.admin_listen.ip().is_unspecified());
+    let c = agent_container(daemonset(&docs));
+    let env = list(c, "/env")
+        .iter()
+        .find(|e| e["name"] == infermesh_agent::config::ADVERTISE_IP_ENV)
+        .expect("the DaemonSet sets INFERMESH_ADVERTISE_IP");
+    assert_eq!(text(env, "/valueFrom/fieldRef/fieldPath"), "status.hostIP");
+    assert_eq!(
+        infermesh_agent::config::advertised(cfg.admin_advertise, cfg.admin_listen, || Some(
+            "10.0.0.7".parse().unwrap()
+        ))
+        .unwrap(),
+        "10.0.0.7:8002".parse().unwrap()
+    );
     assert!(cfg.registry.is_some(), "--registry $(INFERMESH_REGISTRY)");
     assert!(!cfg.workers.is_empty());
 }

@@ -2,7 +2,8 @@
 //! `tritonclient[grpc]` from PyPI, installed into a virtualenv this test
 //! creates (`target/py-venv`, reused across runs), calls the agent for
 //! ServerLive, ModelMetadata, ModelConfig and ModelInfer with numpy inputs
-//! and checks the numbers.
+//! and checks the numbers; `grpcio-health-checking` checks `grpc.health.v1`
+//! and the xds protos (`xds-protos`) decode the ORCA load report.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +16,10 @@ fn venv() -> PathBuf {
     let python = venv.join("bin/python");
     let ready = python.exists()
         && Command::new(&python)
-            .args(["-c", "import tritonclient.grpc, numpy"])
+            .args([
+                "-c",
+                "import tritonclient.grpc, numpy, grpc_health.v1.health_pb2_grpc, xds.data.orca.v3, grpclib",
+            ])
             .status()
             .is_ok_and(|s| s.success());
     if !ready {
@@ -30,8 +34,11 @@ fn venv() -> PathBuf {
                 "--quiet",
                 "tritonclient[grpc]",
                 "numpy",
+                "grpcio-health-checking",
+                "xds-protos",
+                "grpclib",
             ]),
-            "pip install tritonclient[grpc] numpy",
+            "pip install tritonclient[grpc] numpy grpcio-health-checking xds-protos grpclib",
         );
     }
     python
@@ -90,4 +97,22 @@ async fn tritonclient_shared_memory_flow() {
         let line = format!("infermesh_transport_requests_total{{path=\"{path}\"}}");
         assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
     }
+}
+
+/// `grpc.health.v1` with gRPC's own Python health client, as Kubernetes
+/// gRPC probes, Envoy and grpc-health-probe speak it.
+#[tokio::test]
+async fn grpc_health_checking_client_sees_the_agent_serving() {
+    let agent = Agent::builder().worker(testworker("")).start().await;
+    let stdout = run_script("health_probe.py", &agent).await;
+    assert!(stdout.contains("grpc health OK"), "{stdout}");
+}
+
+/// The ORCA load report (`endpoint-load-metrics-bin`) decoded with the xds
+/// protos, as gRPC's and Envoy's weighted round robin read it.
+#[tokio::test]
+async fn the_orca_load_report_decodes_with_the_xds_protos() {
+    let agent = Agent::builder().worker(testworker("")).start().await;
+    let stdout = run_script("orca_report.py", &agent).await;
+    assert!(stdout.contains("orca report OK"), "{stdout}");
 }

@@ -37,6 +37,7 @@ fn config(max_inflight: usize, queue: usize) -> AgentConfig {
         },
         transport: crate::config::RawTransport {
             rdma: Some("off".into()),
+            ..Default::default()
         },
         ..Default::default()
     };

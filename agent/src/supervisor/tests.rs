@@ -14,6 +14,7 @@ use crate::testing::FakeLauncher;
 
 struct Harness {
     pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
     worker: Arc<Worker>,
     launcher: Arc<FakeLauncher>,
     cancel: CancellationToken,
@@ -41,9 +42,10 @@ fn start(launcher: Arc<FakeLauncher>, stop_grace: Duration) -> Harness {
 fn start_with(launcher: Arc<FakeLauncher>, spec: WorkerSpec) -> Harness {
     let (worker, driver) = Worker::new(spec, 0);
     let pool = Pool::new(vec![Arc::clone(&worker)], 1.0, 8);
+    let metrics = Arc::new(Metrics::new());
     let ctx = Context {
         pool: Arc::clone(&pool),
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::clone(&metrics),
         max_message_bytes: 1 << 20,
         patterns: Arc::new(FaultPatterns::defaults()),
         sentinel: SentinelConfig {
@@ -66,6 +68,7 @@ fn start_with(launcher: Arc<FakeLauncher>, spec: WorkerSpec) -> Harness {
     ));
     Harness {
         pool,
+        metrics,
         worker,
         launcher,
         cancel,
@@ -268,5 +271,30 @@ async fn a_worker_that_never_gets_ready_is_restarted_after_its_startup_timeout()
     assert!(
         snap.last_fault.as_deref().unwrap().starts_with("startup"),
         "{snap:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operator_restart_is_counted_as_a_restart_not_a_fault() {
+    let h = start(
+        FakeLauncher::new(WorkerOptions::default()),
+        Duration::from_secs(5),
+    );
+    h.ready().await;
+    h.worker
+        .reporter()
+        .control(Control::Sentinel(Event::Restart));
+    let again = h.until(|s| s.routable && s.restarts == 1).await;
+    assert_eq!(again.last_fault, None, "an operator restart is not a fault");
+    let text = h.metrics.render(&h.pool);
+    assert!(
+        text.contains(r#"infermesh_worker_restarts_total{worker="w0",reason="operator"} 1"#),
+        "{text}"
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("infermesh_worker_faults_total{") && !l.ends_with(" 0")),
+        "no fault counted: {text}"
     );
 }

@@ -188,8 +188,27 @@ pub struct Target {
     pub admin: String,
 }
 
-/// Resolves NODE / --local / --admin to an admin address.
+/// Refuses an admin address that names no host (`0.0.0.0:8002`, `[::]:8002`):
+/// dialling it reaches this host's own agent, not the node meant.
+fn dialable(target: Target) -> Result<Target, OpsError> {
+    match target.admin.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => Err(OpsError::usage(format!(
+            "{} has admin address {a}, which names no host: dialling it would reach this host's \
+             own agent. Give --admin host:port (an agent that advertises this is older or has \
+             registry.admin_advertise unset while listening on {})",
+            target.name,
+            a.ip()
+        ))),
+        _ => Ok(target),
+    }
+}
+
+/// Resolves NODE / --local / --admin to an admin address that names a host.
 pub async fn resolve(args: &NodeArgs) -> Result<Target, OpsError> {
+    dialable(resolve_any(args).await?)
+}
+
+async fn resolve_any(args: &NodeArgs) -> Result<Target, OpsError> {
     if let Some(admin) = &args.admin {
         return Ok(Target {
             name: args.node.clone().unwrap_or_else(|| admin.clone()),

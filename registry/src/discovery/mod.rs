@@ -5,11 +5,14 @@
 //!
 //! - [`StaticDiscovery`] (`static://host:port,...`): a fixed list, the
 //!   embedded default for one machine and tests;
-//! - [`ZkDiscovery`] (`zk://...`): watches the service's nodes in ZooKeeper
-//!   with a persistent recursive watch and re-reads them on every change.
-//!   When ZooKeeper is unreachable it keeps publishing the last membership
-//!   it read (marked [`Source::Cached`]) and says so in the log; records that
-//!   fail validation are skipped with a warning, never fatal.
+//! - [`ZkDiscovery`] (`zk://...`): follows the service's nodes in ZooKeeper
+//!   with a persistent recursive watch. It lists the service once per
+//!   session and once after every reconnect (re-adding the watch: see
+//!   [`zookeeper`](ZkDiscovery) for why), and otherwise reads only the node
+//!   a change names. When ZooKeeper is unreachable it keeps publishing the
+//!   last membership it read (marked [`Source::Cached`]) and says so in the
+//!   log; records that fail validation are skipped with a warning, never
+//!   fatal, and at most [`MAX_NODES`] nodes per service are followed.
 
 mod static_list;
 mod zookeeper;
@@ -20,7 +23,7 @@ use infermesh_proto::registry::{NodeRecord, RegistryUrl};
 use tokio::sync::watch;
 
 pub use static_list::StaticDiscovery;
-pub use zookeeper::ZkDiscovery;
+pub use zookeeper::{MAX_NODES, ZkDiscovery};
 
 /// Where a membership snapshot comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,10 +55,31 @@ impl Membership {
     }
 }
 
+/// What a discovery has done so far (all zero for a static list).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiscoveryStats {
+    /// ZooKeeper read requests: listings plus record reads.
+    pub reads: u64,
+    /// Of which listings of the service's nodes (one per session and per
+    /// reconnect).
+    pub lists: u64,
+    /// Sessions opened.
+    pub sessions: u64,
+    /// Re-synchronisations after a reconnect within a session.
+    pub resyncs: u64,
+    /// Records skipped as invalid (malformed, newer schema, over a cap).
+    pub skipped: u64,
+}
+
 /// A source of membership snapshots.
 pub trait Discovery: Send + Sync {
     /// The current snapshot and every later one.
     fn subscribe(&self) -> watch::Receiver<Arc<Membership>>;
+
+    /// Counters of the work done so far.
+    fn stats(&self) -> DiscoveryStats {
+        DiscoveryStats::default()
+    }
 }
 
 /// Opens the discovery named by `url` for `service`. ZooKeeper discovery
