@@ -655,7 +655,10 @@ impl Client {
         let deadline = start + config.deadline;
         let model = (!req.model_name.is_empty()).then_some(req.model_name.as_str());
         let mut tried: Vec<String> = Vec::new();
+        // Attempts sent, and those counted against `max_attempts` (a
+        // NOT_FOUND is not).
         let mut attempts = 0u32;
+        let mut counted = 0usize;
         let mut last_error: Option<Status> = None;
         let mut timed_out = false;
         stack.lock().budget.on_request(start);
@@ -685,9 +688,9 @@ impl Client {
                 (Err(e), None) => return Err(stack.no_node(e, model)),
             };
             let node = guard.node().to_string();
-            let counted = attempts as usize;
             attempts += 1;
-            let more = counted + 1 < config.max_attempts;
+            counted += 1;
+            let more = counted < config.max_attempts;
             let timeout = stack
                 .attempt_timeout(&node, left, more)
                 .max(Duration::from_millis(1));
@@ -703,7 +706,7 @@ impl Client {
                     tracing::debug!(%node, ?model, "node does not have the model; trying another");
                     // Not an attempt against the limit: the node is now
                     // excluded for this model, so this cannot repeat forever.
-                    attempts -= 1;
+                    counted -= 1;
                     tried.push(node);
                     last_error = Some(status);
                 }
