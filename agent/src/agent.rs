@@ -194,6 +194,11 @@ impl Agent {
         };
         let oip_listener = bind(cfg.listen, "OIP gRPC").await?;
         let admin_listener = bind(cfg.admin_listen, "admin").await?;
+        let http_listener = match cfg.http_listen {
+            Some(a) => Some(bind(a, "KServe HTTP").await?),
+            None => None,
+        };
+        let http_listen = http_listener.as_ref().and_then(|l| l.local_addr().ok());
         let (listen, admin_listen) = (
             oip_listener.local_addr().unwrap_or(cfg.listen),
             admin_listener.local_addr().unwrap_or(cfg.admin_listen),
@@ -408,7 +413,24 @@ impl Agent {
                 }
             });
         }
-        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, workers = cfg.workers.len(), "agent serving");
+        if let Some(listener) = http_listener {
+            let app = crate::http::router(
+                front.clone(),
+                Arc::clone(&pool),
+                cfg.max_message_bytes,
+                cfg.limits.call_timeout,
+            );
+            let stop = stop_background.clone();
+            background.spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "KServe HTTP server failed");
+                }
+            });
+        }
+        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, workers = cfg.workers.len(), "agent serving");
         Ok(Agent {
             cfg,
             pool,

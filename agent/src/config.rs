@@ -34,6 +34,8 @@ pub struct RawConfig {
     pub listen: Option<String>,
     /// Admin address: `/metrics`, `/livez`, `/readyz` and the admin gRPC service.
     pub admin_listen: Option<String>,
+    /// KServe v2 HTTP/REST address (Triton's HTTP port is 8000); off unless set.
+    pub http_listen: Option<String>,
     /// The node's capacity score before the share of ready workers is applied.
     pub weight: Option<f64>,
     /// Largest gRPC message accepted or sent, in bytes.
@@ -264,6 +266,8 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// Admin listen address.
     pub admin_listen: SocketAddr,
+    /// KServe v2 HTTP/REST listen address, if served.
+    pub http_listen: Option<SocketAddr>,
     /// Configured capacity score.
     pub weight: f64,
     /// Largest gRPC message, bytes.
@@ -422,6 +426,11 @@ impl AgentConfig {
         };
         let listen = addr("listen", raw.listen, DEFAULT_LISTEN);
         let admin_listen = addr("admin_listen", raw.admin_listen, DEFAULT_ADMIN_LISTEN);
+        let http_listen = raw.http_listen.map(|h| {
+            addr("http_listen", Some(h), "")
+                .ok()
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+        });
         if let (Ok(l), Ok(a)) = (&listen, &admin_listen) {
             if l == a && l.port() != 0 {
                 problems.push(format!("listen and admin_listen are both {l}"));
@@ -553,6 +562,7 @@ impl AgentConfig {
                 node_id,
                 listen,
                 admin_listen,
+                http_listen,
                 weight,
                 max_message_bytes,
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),

@@ -28,7 +28,8 @@
 //! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
-//!    [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`trailer`]
+//!    [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
+//!    (KServe v2 HTTP/REST), [`trailer`]
 //!    (load report), [`admin`].
 //! 7. [`agent::run`]: wiring, serving, ordered shutdown.
 //!
@@ -49,6 +50,7 @@ pub mod gpu;
 pub mod grpc;
 pub mod grpc_health;
 pub mod health;
+pub mod http;
 pub mod inbox;
 pub mod launch;
 pub mod metrics;

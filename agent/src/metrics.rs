@@ -482,16 +482,28 @@ mod tests {
             .filter_map(|l| l.split_whitespace().next())
             .collect();
         let exported = |name: &str| {
-            families
-                .iter()
-                .any(|f| name == *f || name.strip_prefix(f).is_some_and(|s| s == "_total"))
+            families.iter().any(|f| {
+                name == *f
+                    || name
+                        .strip_prefix(f)
+                        .is_some_and(|s| ["_total", "_bucket", "_sum", "_count"].contains(&s))
+            })
         };
         let docs = [
             ("README.md", include_str!("../../README.md")),
             ("docs/SENTINEL.md", include_str!("../../docs/SENTINEL.md")),
             ("docs/DECISIONS.md", include_str!("../../docs/DECISIONS.md")),
             ("BENCHMARKS.md", include_str!("../../BENCHMARKS.md")),
+            (
+                "configs/k8s/alerts.yaml",
+                include_str!("../../configs/k8s/alerts.yaml"),
+            ),
+            (
+                "configs/grafana/infermesh-dashboard.json",
+                include_str!("../../configs/grafana/infermesh-dashboard.json"),
+            ),
         ];
+        let mut named = 0;
         for (doc, body) in docs {
             let mut rest = body;
             while let Some(at) = rest.find("infermesh_") {
@@ -510,8 +522,13 @@ mod tests {
                     exported(name),
                     "{doc} names metric {name}, which the agent does not export (it does: {families:?})"
                 );
+                named += 1;
             }
         }
+        assert!(
+            named > 50,
+            "the docs, alerts and dashboard name metrics ({named})"
+        );
     }
 
     /// A fresh agent already shows its version, its state and zero-valued

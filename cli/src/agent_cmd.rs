@@ -28,6 +28,10 @@ pub struct AgentArgs {
     /// Admin listen address: /metrics, /livez, /readyz, admin gRPC [default: 127.0.0.1:8002].
     #[arg(long)]
     admin_listen: Option<String>,
+    /// KServe v2 HTTP/REST listen address (Triton's HTTP port is 8000), for
+    /// tritonclient.http, perf_analyzer and curl [default: off].
+    #[arg(long)]
+    http_listen: Option<String>,
     /// This node's id [default: the host name].
     #[arg(long)]
     node_id: Option<String>,
@@ -211,6 +215,9 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     }
     if let Some(a) = &args.admin_listen {
         raw.admin_listen = Some(a.clone());
+    }
+    if let Some(h) = &args.http_listen {
+        raw.http_listen = Some(h.clone());
     }
     if args.weight.is_some() {
         raw.weight = args.weight;

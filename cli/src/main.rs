@@ -51,6 +51,9 @@ enum Command {
     Undrain(ops::drain::UndrainArgs),
     /// Restart one worker of a node now.
     Restart(ops::restart::RestartArgs),
+    /// How many nodes a service needs: each node's busy ratio, and the
+    /// recommended count by ceil(busy / target × nodes) with up/down windows.
+    Scale(ops::scale::ScaleArgs),
     /// Print the version.
     Version,
     /// Print a shell completion script, e.g.
@@ -91,6 +94,7 @@ fn main() {
         Command::Drain(args) => ops::drain::main(args),
         Command::Undrain(args) => ops::drain::undrain_main(args),
         Command::Restart(args) => ops::restart::main(args),
+        Command::Scale(args) => ops::scale::main(args),
         Command::WorkerShim(args) => shim::main(args),
         Command::Completions { shell } => {
             clap_complete::generate(

@@ -233,7 +233,7 @@ pub enum TensorError {
         expected: Vec<i64>,
     },
     /// The element count overflows.
-    #[error("input '{}': shape {} holds more elements than can be addressed", echo(.name), shape_text(.shape))]
+    #[error("input '{}': shape {} is too large: it holds more elements than can be addressed", echo(.name), shape_text(.shape))]
     ShapeOverflow {
         /// Tensor name.
         name: String,

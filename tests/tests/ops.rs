@@ -339,6 +339,38 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
     })
     .await;
 
+    // `scale` reads both nodes' busy ratios under load and applies the rule.
+    let out = cli(args(&[
+        "scale",
+        "--registry",
+        &registry,
+        "--service",
+        "ops",
+        "--json",
+    ]))
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let doc = json_of(&out);
+    assert_eq!(doc["serving"], 2, "{doc}");
+    let busy = doc["busy_ratio"].as_f64().expect("both nodes answered");
+    assert!(busy > 0.0 && busy <= 1.0, "{doc}");
+    assert!(doc["recommended"].as_u64().is_some(), "{doc}");
+    assert!(
+        ["keep", "up", "down"].contains(&doc["advice"]["advice"].as_str().unwrap()),
+        "{doc}"
+    );
+    let bad = cli(args(&[
+        "scale",
+        "--registry",
+        &registry,
+        "--min",
+        "0.9",
+        "--max",
+        "0.8",
+    ]))
+    .await;
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+
     let token = path(&a.token_file);
     let out = cli(args(&[
         "drain",

@@ -6,9 +6,9 @@
 //! and the xds protos (`xds-protos`) decode the ORCA load report.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use infermesh_tests::{Agent, bin_dir, testworker};
+use infermesh_tests::{Agent, bin_dir, free_port, testworker};
 
 /// Creates the venv with tritonclient and numpy unless it is there already.
 fn venv() -> PathBuf {
@@ -18,8 +18,9 @@ fn venv() -> PathBuf {
         && Command::new(&python)
             .args([
                 "-c",
-                "import tritonclient.grpc, numpy, grpc_health.v1.health_pb2_grpc, xds.data.orca.v3, grpclib",
+                "import tritonclient.grpc, tritonclient.http, numpy, grpc_health.v1.health_pb2_grpc, xds.data.orca.v3, grpclib",
             ])
+            .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
     if !ready {
@@ -32,13 +33,13 @@ fn venv() -> PathBuf {
             Command::new(venv.join("bin/pip")).args([
                 "install",
                 "--quiet",
-                "tritonclient[grpc]",
+                "tritonclient[grpc,http]",
                 "numpy",
                 "grpcio-health-checking",
                 "xds-protos",
                 "grpclib",
             ]),
-            "pip install tritonclient[grpc] numpy grpcio-health-checking xds-protos grpclib",
+            "pip install tritonclient[grpc,http] numpy grpcio-health-checking xds-protos grpclib",
         );
     }
     python
@@ -52,13 +53,18 @@ fn run(cmd: &mut Command, what: &str) {
 /// Runs `tests/py/SCRIPT HOST:PORT` with the venv's Python and returns its
 /// stdout, failing the test with its output if it fails.
 async fn run_script(script: &str, agent: &Agent) -> String {
+    run_script_at(script, &agent.oip.to_string()).await
+}
+
+/// [`run_script`] against any address.
+async fn run_script_at(script: &str, address: &str) -> String {
     let python = tokio::task::spawn_blocking(venv).await.unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("py")
         .join(script);
     let out = tokio::process::Command::new(python)
         .arg(&script)
-        .arg(agent.oip.to_string())
+        .arg(address)
         .output()
         .await
         .unwrap();
@@ -115,4 +121,24 @@ async fn the_orca_load_report_decodes_with_the_xds_protos() {
     let agent = Agent::builder().worker(testworker("")).start().await;
     let stdout = run_script("orca_report.py", &agent).await;
     assert!(stdout.contains("orca report OK"), "{stdout}");
+}
+
+/// KServe v2 HTTP/REST with `tritonclient.http`: binary and JSON tensors.
+#[tokio::test]
+async fn tritonclient_http_calls_the_agent() {
+    let http = format!("127.0.0.1:{}", free_port());
+    let agent = Agent::builder()
+        .config(format!(
+            "http_listen = \"{http}\"\n[[workers]]\ncommand = \"{}\"\n",
+            testworker("")
+        ))
+        .start()
+        .await;
+    let stdout = run_script_at("triton_http.py", &http).await;
+    assert!(stdout.contains("tritonclient.http OK"), "{stdout}");
+    let metrics = agent.metrics().await;
+    assert!(
+        metrics.contains(r#"infermesh_requests_total{model="dense",code="Ok"} 3"#),
+        "HTTP requests are served and counted like gRPC ones:\n{metrics}"
+    );
 }

@@ -12,6 +12,7 @@ pub mod drain;
 pub mod health;
 pub mod nodes;
 pub mod restart;
+pub mod scale;
 pub mod status;
 
 use std::path::PathBuf;
