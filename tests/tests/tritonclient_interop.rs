@@ -10,8 +10,15 @@ use std::process::{Command, Stdio};
 
 use infermesh_tests::{Agent, bin_dir, free_port, testworker};
 
-/// Creates the venv with tritonclient and numpy unless it is there already.
+/// The venv's Python, created once per test binary: the tests run in
+/// parallel and must not install into the same venv at once.
 fn venv() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(make_venv).clone()
+}
+
+/// Creates the venv with tritonclient and numpy unless it is there already.
+fn make_venv() -> PathBuf {
     let venv = bin_dir().parent().expect("target dir").join("py-venv");
     let python = venv.join("bin/python");
     let ready = python.exists()
