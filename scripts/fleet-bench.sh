@@ -47,7 +47,7 @@ start_agent node-mid 1.6 "--service-time-ms 5 --concurrency 4"
 start_agent node-slow 0.2 "--service-time-ms 20 --concurrency 2"
 
 for n in node-fast node-mid node-slow; do
-  "$bin/infermesh" bench --target "127.0.0.1:${oip[$n]}" --duration 1ms --warmup 0s --wait-ready 60s >/dev/null
+  "$bin/infermesh" bench --target "127.0.0.1:${oip[$n]}" --duration 200ms --warmup 0s --wait-ready 60s >/dev/null
 done
 
 echo "== weighted P2C through the client library"
