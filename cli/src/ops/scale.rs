@@ -164,7 +164,11 @@ impl Scaler {
             }
             return Advice::Keep {
                 reason: if to >= n {
-                    format!("busy {y:.2} below {:.2}, but at the floor", r.min)
+                    format!(
+                        "busy {y:.2} below {:.2}, but {n} nodes are what the formula asks for \
+                         (floor {})",
+                        r.min, r.min_nodes
+                    )
                 } else {
                     format!(
                         "busy {y:.2} below {:.2} for {}s of {}s",
