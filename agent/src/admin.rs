@@ -77,7 +77,10 @@ async fn metrics(axum::extract::State(s): axum::extract::State<AdminState>) -> i
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.metrics.render(&s.pool),
+        {
+            s.metrics.record_gpus(&s.gpus.devices(), &s.gpus.sample());
+            s.metrics.render(&s.pool)
+        },
     )
 }
 

@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 
 use crate::models::{ModelId, Models};
 use crate::pool::Pool;
+use infermesh_gpu::{GpuDevice, GpuSample};
 use infermesh_sentinel::State;
 
 type Labels = Vec<(&'static str, String)>;
@@ -110,6 +111,8 @@ pub struct Metrics {
     health_latency: Family<Labels, Histogram>,
     transport: [Counter; 4],
     node_state: Family<Labels, Gauge>,
+    gpu: GpuGauges,
+    host: HostGauges,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
     unknown: Arc<ModelMetrics>,
 }
@@ -239,9 +242,13 @@ impl Metrics {
             "1 for the state the node is in: serving, degraded (a GPU quarantined), draining (an operator drained it), stopping (shutting down)",
             node_state.clone(),
         );
+        let gpu = GpuGauges::register(&mut registry);
+        let host = HostGauges::register(&mut registry);
         let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
         Self {
             node_state,
+            gpu,
+            host,
             models: RwLock::new(Vec::new()),
             unknown,
             registry: Mutex::new(registry),
@@ -342,6 +349,46 @@ impl Metrics {
         self.gpu_xids.get_or_create(&labels).inc();
     }
 
+    /// Records a reading of every GPU (at scrape time), labelled with its
+    /// NVML index and UUID as DCGM's exporter labels its series (`gpu`,
+    /// `UUID` there), so the two can be joined.
+    pub fn record_gpus(&self, devices: &[GpuDevice], samples: &[GpuSample]) {
+        for s in samples {
+            let uuid = devices
+                .iter()
+                .find(|d| d.index == s.index)
+                .map(|d| d.uuid.clone())
+                .unwrap_or_default();
+            let labels = vec![("gpu", s.index.to_string()), ("uuid", uuid.clone())];
+            let g = &self.gpu;
+            g.utilization
+                .get_or_create(&labels)
+                .set(f64::from(s.utilization_pct) / 100.0);
+            g.memory_used
+                .get_or_create(&labels)
+                .set(s.memory_used_bytes as i64);
+            if let Some(d) = devices.iter().find(|d| d.index == s.index) {
+                g.memory_total
+                    .get_or_create(&labels)
+                    .set(d.memory_total_bytes as i64);
+            }
+            g.power
+                .get_or_create(&labels)
+                .set(f64::from(s.power_mw) / 1000.0);
+            g.temperature
+                .get_or_create(&labels)
+                .set(i64::from(s.temperature_c));
+            for (kind, n) in [
+                ("corrected", s.ecc_corrected),
+                ("uncorrected", s.ecc_uncorrected),
+            ] {
+                let mut l = labels.clone();
+                l.push(("type", kind.to_string()));
+                g.ecc.get_or_create(&l).set(n as i64);
+            }
+        }
+    }
+
     /// Refreshes the live gauges from `pool` and encodes everything.
     pub fn render(&self, pool: &Pool) -> String {
         let load = pool.load();
@@ -349,6 +396,7 @@ impl Metrics {
         self.queued.set(load.queued as i64);
         self.busy.set(load.busy_ratio);
         self.weight.set(load.weight);
+        self.host.refresh();
         let node = node_state(pool);
         for s in NODE_STATES {
             self.node_state
@@ -396,6 +444,124 @@ impl Metrics {
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         encode(&mut out, &registry).expect("encoding to a String cannot fail");
         out
+    }
+}
+
+/// Per-GPU gauges, refreshed from telemetry at scrape time.
+struct GpuGauges {
+    utilization: Family<Labels, Gauge<f64, AtomicU64>>,
+    memory_used: Family<Labels, Gauge>,
+    memory_total: Family<Labels, Gauge>,
+    power: Family<Labels, Gauge<f64, AtomicU64>>,
+    temperature: Family<Labels, Gauge>,
+    ecc: Family<Labels, Gauge>,
+}
+
+impl GpuGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let g = GpuGauges {
+            utilization: Family::default(),
+            memory_used: Family::default(),
+            memory_total: Family::default(),
+            power: Family::default(),
+            temperature: Family::default(),
+            ecc: Family::default(),
+        };
+        registry.register(
+            "gpu_utilization_ratio",
+            "Share of the last sample period a kernel ran on the GPU (NVML), by gpu index and uuid",
+            g.utilization.clone(),
+        );
+        registry.register(
+            "gpu_memory_used_bytes",
+            "GPU framebuffer memory in use",
+            g.memory_used.clone(),
+        );
+        registry.register(
+            "gpu_memory_total_bytes",
+            "GPU framebuffer memory installed",
+            g.memory_total.clone(),
+        );
+        registry.register("gpu_power_watts", "GPU board power draw", g.power.clone());
+        registry.register(
+            "gpu_temperature_celsius",
+            "GPU die temperature",
+            g.temperature.clone(),
+        );
+        registry.register(
+            "gpu_ecc_errors",
+            "ECC errors since the driver loaded, by type (corrected|uncorrected)",
+            g.ecc.clone(),
+        );
+        g
+    }
+}
+
+/// The host's CPU load and memory, read from /proc at scrape time.
+struct HostGauges {
+    load1: Gauge<f64, AtomicU64>,
+    cpus: Gauge,
+    memory_total: Gauge,
+    memory_available: Gauge,
+}
+
+impl HostGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let h = HostGauges {
+            load1: Gauge::default(),
+            cpus: Gauge::default(),
+            memory_total: Gauge::default(),
+            memory_available: Gauge::default(),
+        };
+        registry.register(
+            "host_load1",
+            "The host's one-minute load average (/proc/loadavg)",
+            h.load1.clone(),
+        );
+        registry.register("host_cpus", "CPUs available to the agent", h.cpus.clone());
+        registry.register(
+            "host_memory_total_bytes",
+            "The host's memory (/proc/meminfo MemTotal)",
+            h.memory_total.clone(),
+        );
+        registry.register(
+            "host_memory_available_bytes",
+            "The host's memory available for new work (/proc/meminfo MemAvailable)",
+            h.memory_available.clone(),
+        );
+        h
+    }
+
+    fn refresh(&self) {
+        if let Some(load) = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        {
+            self.load1.set(load);
+        }
+        if let Ok(n) = std::thread::available_parallelism() {
+            self.cpus.set(n.get() as i64);
+        }
+        if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
+            let kib = |key: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|rest| {
+                        rest.trim()
+                            .trim_end_matches("kB")
+                            .trim()
+                            .parse::<i64>()
+                            .ok()
+                    })
+                    .map(|k| k * 1024)
+            };
+            if let Some(t) = kib("MemTotal:") {
+                self.memory_total.set(t);
+            }
+            if let Some(a) = kib("MemAvailable:") {
+                self.memory_available.set(a);
+            }
+        }
     }
 }
 
@@ -475,6 +641,9 @@ mod tests {
         metrics.worker_restarted("w0", "exit");
         metrics.worker_fault("w0", "exit");
         metrics.gpu_xid(0, 79, "restart_worker");
+        let fake = infermesh_gpu::FakeTelemetry::new(1);
+        use infermesh_gpu::GpuTelemetry as _;
+        metrics.record_gpus(&fake.devices(), &fake.sample());
         let text = metrics.render(&test_pool());
         let families: Vec<&str> = text
             .lines()
@@ -509,7 +678,7 @@ mod tests {
             while let Some(at) = rest.find("infermesh_") {
                 let tail = &rest[at..];
                 let end = tail
-                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
                     .unwrap_or(tail.len());
                 let (name, after) = tail.split_at(end);
                 rest = after;
@@ -557,6 +726,44 @@ mod tests {
         let text = metrics.render(&pool);
         assert!(text.contains(r#"infermesh_node_state{state="draining"} 1"#));
         assert!(text.contains(r#"infermesh_node_state{state="serving"} 0"#));
+    }
+
+    /// GPU readings carry the index and UUID (the fake backend's here);
+    /// host figures come from /proc.
+    #[test]
+    fn gpu_and_host_gauges_from_telemetry() {
+        use infermesh_gpu::GpuTelemetry as _;
+        let metrics = Metrics::new();
+        let fake = infermesh_gpu::FakeTelemetry::new(2);
+        let devices = fake.devices();
+        metrics.record_gpus(&devices, &fake.sample());
+        let text = metrics.render(&test_pool());
+        for d in &devices {
+            let labels = format!(r#"{{gpu="{}",uuid="{}"}}"#, d.index, d.uuid);
+            for family in [
+                "infermesh_gpu_utilization_ratio",
+                "infermesh_gpu_memory_used_bytes",
+                "infermesh_gpu_power_watts",
+                "infermesh_gpu_temperature_celsius",
+            ] {
+                assert!(
+                    text.contains(&format!("{family}{labels}")),
+                    "{family}{labels} in:\n{text}"
+                );
+            }
+            assert!(text.contains(&format!(
+                "infermesh_gpu_memory_total_bytes{labels} {}",
+                d.memory_total_bytes
+            )));
+        }
+        assert!(
+            text.contains("infermesh_host_memory_total_bytes "),
+            "{text}"
+        );
+        assert!(
+            !text.contains("infermesh_host_memory_total_bytes 0\n"),
+            "{text}"
+        );
     }
 
     #[test]
