@@ -14,6 +14,13 @@ pub struct StatusArgs {
     node_id: Option<String>,
     #[command(flatten)]
     node: NodeArgs,
+    /// Keep asking and print one line per worker per sample, with its
+    /// request rate since the previous sample (Ctrl-C to stop).
+    #[arg(long)]
+    watch: bool,
+    /// Time between samples with --watch.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    interval: std::time::Duration,
 }
 
 pub fn main(args: StatusArgs) -> i32 {
@@ -24,6 +31,18 @@ pub fn main(args: StatusArgs) -> i32 {
 async fn run(mut args: StatusArgs) -> Result<(), OpsError> {
     args.node.node = args.node_id.take();
     let (target, mut admin) = admin_for(&args.node).await?;
+    if args.watch {
+        if args.interval.is_zero() {
+            return Err(OpsError::usage("--interval must be more than 0"));
+        }
+        return watch(
+            &target.name,
+            &mut admin,
+            args.interval,
+            args.node.registry.json,
+        )
+        .await;
+    }
     let status = admin
         .status(StatusRequest {})
         .await
@@ -38,6 +57,83 @@ async fn run(mut args: StatusArgs) -> Result<(), OpsError> {
         print_status(&status);
     }
     Ok(())
+}
+
+/// Requests per second of each worker between two samples; a worker whose
+/// count went down (restarted agent) or that is new starts again from 0.
+pub fn rates(
+    before: Option<(&StatusResponse, std::time::Instant)>,
+    now: (&StatusResponse, std::time::Instant),
+) -> Vec<(String, Option<f64>)> {
+    now.0
+        .workers
+        .iter()
+        .map(|w| {
+            let rate = before.and_then(|(b, at)| {
+                let secs = now.1.saturating_duration_since(at).as_secs_f64();
+                let prev = b.workers.iter().find(|p| p.id == w.id)?;
+                (secs > 0.0 && w.requests >= prev.requests)
+                    .then(|| (w.requests - prev.requests) as f64 / secs)
+            });
+            (w.id.clone(), rate)
+        })
+        .collect()
+}
+
+async fn watch(
+    name: &str,
+    admin: &mut super::Admin,
+    interval: std::time::Duration,
+    json: bool,
+) -> Result<(), OpsError> {
+    let mut tick = tokio::time::interval(interval);
+    let mut last: Option<(StatusResponse, std::time::Instant)> = None;
+    if !json {
+        println!(
+            "{:<20} {:<12} {:<12} {:>9} {:>7} {:>9} {:>8} {:>6}",
+            "TIME", "WORKER", "STATE", "REQ/S", "QUEUED", "IN-FLIGHT", "RESTARTS", "BUSY"
+        );
+    }
+    loop {
+        tick.tick().await;
+        let at = std::time::Instant::now();
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let s = match admin.status(StatusRequest {}).await {
+            Ok(r) => r.into_inner(),
+            Err(e) => {
+                // The agent may be restarting: say so and keep watching.
+                eprintln!("{stamp} {name}: {}", e.message());
+                last = None;
+                continue;
+            }
+        };
+        let rates = rates(last.as_ref().map(|(s, t)| (s, *t)), (&s, at));
+        for (w, (_, rate)) in s.workers.iter().zip(&rates) {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "time": stamp, "node_id": s.node_id, "worker": w.id, "state": w.state,
+                        "requests_per_s": rate, "in_flight": w.in_flight, "restarts": w.restarts,
+                        "node_queued": s.queued, "node_busy_ratio": s.busy_ratio,
+                    })
+                );
+            } else {
+                println!(
+                    "{:<20} {:<12} {:<12} {:>9} {:>7} {:>9} {:>8} {:>5.0}%",
+                    stamp,
+                    w.id,
+                    w.state,
+                    rate.map_or("-".to_string(), |r| format!("{r:.1}")),
+                    s.queued,
+                    w.in_flight,
+                    w.restarts,
+                    s.busy_ratio * 100.0
+                );
+            }
+        }
+        last = Some((s, at));
+    }
 }
 
 /// The status as JSON (the proto types carry no serde derives).
@@ -128,5 +224,45 @@ fn print_status(s: &StatusResponse) {
                 g.ecc_uncorrected
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infermesh_proto::admin::WorkerStatus;
+    use std::time::{Duration, Instant};
+
+    fn status(counts: &[(&str, u64)]) -> StatusResponse {
+        StatusResponse {
+            workers: counts
+                .iter()
+                .map(|(id, n)| WorkerStatus {
+                    id: id.to_string(),
+                    requests: *n,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rates_are_deltas_over_the_interval() {
+        let t0 = Instant::now();
+        let a = status(&[("w0", 100), ("w1", 50)]);
+        let b = status(&[("w0", 300), ("w1", 10), ("w2", 5)]);
+        assert_eq!(
+            rates(None, (&a, t0)),
+            vec![("w0".into(), None), ("w1".into(), None)]
+        );
+        let r = rates(Some((&a, t0)), (&b, t0 + Duration::from_secs(2)));
+        assert_eq!(r[0], ("w0".into(), Some(100.0)));
+        assert_eq!(
+            r[1],
+            ("w1".into(), None),
+            "a count that went down is a restart"
+        );
+        assert_eq!(r[2], ("w2".into(), None), "a new worker has no rate yet");
     }
 }
