@@ -38,6 +38,9 @@ use crate::pool::Pool;
 /// The binary tensor extension's header: length of the JSON part.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
+/// HTTP requests handled at once; more wait for a slot.
+const MAX_REQUESTS: usize = 1024;
+
 /// Most tensors one request may name (inputs or outputs).
 const MAX_TENSORS: usize = 1024;
 
@@ -78,6 +81,20 @@ pub fn router(
         .route("/v2/models/{model}/versions/{version}/infer", post(infer_v))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such KServe v2 path") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        // A request, body upload included, gets twice the call timeout: a
+        // client that stalls mid-body cannot hold the handler forever.
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                match tokio::time::timeout(call_timeout * 2, next.run(req)).await {
+                    Ok(r) => r,
+                    Err(_) => error(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "the request did not complete within twice limits.call_timeout",
+                    ),
+                }
+            },
+        ))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_REQUESTS))
         .with_state(state)
 }
 
