@@ -181,6 +181,9 @@ pub struct RawRegistry {
     pub advertise: Option<String>,
     /// Admin address operators' tools should use, when `admin_listen` is not it.
     pub admin_advertise: Option<String>,
+    /// File holding `user:password` for ZooKeeper's digest scheme: the
+    /// records are then writable by that identity only (readable by anyone).
+    pub auth_file: Option<PathBuf>,
 }
 
 /// `[gpu]`.
@@ -488,7 +491,7 @@ impl AgentConfig {
             .and_then(|p| read_token(&base_dir.join(p), &mut problems));
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
-        let registry = registry_config(&raw.registry, &mut problems);
+        let registry = registry_config(&raw.registry, &base_dir, &mut problems);
         let rdma = match raw.transport.rdma.as_deref().map(str::parse::<RdmaMode>) {
             None => RdmaMode::default(),
             Some(Ok(mode)) => mode,
@@ -751,9 +754,15 @@ pub struct RegistryConfig {
     pub zone: String,
     /// ZooKeeper session timeout.
     pub session_timeout: Duration,
+    /// Digest credentials (`registry.auth_file`).
+    pub auth: Option<infermesh_registry::publish::DigestAuth>,
 }
 
-fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<RegistryConfig> {
+fn registry_config(
+    raw: &RawRegistry,
+    base_dir: &Path,
+    problems: &mut Vec<String>,
+) -> Option<RegistryConfig> {
     let url = raw.url.as_ref()?;
     let url = match url.parse::<RegistryUrl>() {
         Ok(u) => u,
@@ -772,11 +781,31 @@ fn registry_config(raw: &RawRegistry, problems: &mut Vec<String>) -> Option<Regi
     if session_timeout < Duration::from_secs(1) {
         problems.push("registry.session_timeout: at least 1s".into());
     }
+    let auth = raw.auth_file.as_ref().and_then(|p| {
+        let path = base_dir.join(p);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => match infermesh_registry::publish::DigestAuth::parse(&text) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    problems.push(format!("registry.auth_file: {} {e}", path.display()));
+                    None
+                }
+            },
+            Err(e) => {
+                problems.push(format!(
+                    "registry.auth_file: cannot read {}: {e}",
+                    path.display()
+                ));
+                None
+            }
+        }
+    });
     Some(RegistryConfig {
         url,
         service,
         zone: raw.zone.clone().unwrap_or_default(),
         session_timeout,
+        auth,
     })
 }
 

@@ -94,6 +94,7 @@ pub async fn run(cfg: RegistryConfig, node: Advertised, phase: watch::Receiver<P
         service: cfg.service,
         node_id: node.node_id.clone(),
         session_timeout: cfg.session_timeout,
+        auth: cfg.auth,
     };
     publish::run(cfg, node, phase).await
 }

@@ -50,6 +50,10 @@ pub struct AgentArgs {
     /// undrain, restart, health, inject) must present. Without one they are refused.
     #[arg(long, value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
+    /// File holding `user:password` for ZooKeeper's digest scheme: the node's
+    /// records are then writable by that identity only, readable by anyone.
+    #[arg(long, value_name = "FILE", env = "INFERMESH_REGISTRY_AUTH_FILE")]
+    registry_auth_file: Option<PathBuf>,
     /// Service name in the registry [default: default].
     #[arg(long)]
     service: Option<String>,
@@ -227,6 +231,10 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     }
     if args.service.is_some() {
         raw.registry.service = args.service.clone();
+    }
+    if let Some(f) = &args.registry_auth_file {
+        // A flag's relative path is relative to where the command runs.
+        raw.registry.auth_file = Some(std::path::absolute(f).unwrap_or_else(|_| f.clone()));
     }
     if args.zone.is_some() {
         raw.registry.zone = args.zone.clone();

@@ -45,6 +45,54 @@ pub struct PublishConfig {
     pub node_id: String,
     /// ZooKeeper session timeout.
     pub session_timeout: Duration,
+    /// `user:password` for ZooKeeper's digest scheme. With it, the agent
+    /// authenticates and creates its nodes writable by that identity only
+    /// (readable by anyone); without it, nodes are world-writable.
+    pub auth: Option<DigestAuth>,
+}
+
+/// ZooKeeper digest credentials, `user:password` (never logged).
+#[derive(Clone)]
+pub struct DigestAuth(String);
+
+impl DigestAuth {
+    /// Checks `text` is `user:password` with both parts non-empty.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        match text.split_once(':') {
+            Some((user, password)) if !user.is_empty() && !password.is_empty() => {
+                Ok(Self(text.to_string()))
+            }
+            _ => Err("must hold user:password (ZooKeeper digest scheme)".into()),
+        }
+    }
+
+    /// The user name.
+    pub fn user(&self) -> &str {
+        self.0.split_once(':').map_or("", |(u, _)| u)
+    }
+}
+
+impl std::fmt::Debug for DigestAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DigestAuth({}:***)", self.user())
+    }
+}
+
+/// With credentials: everything for the identities the creating session
+/// authenticated as (every agent shares one), read for anyone (clients and
+/// the ops CLI read without credentials).
+static AUTH_WRITE_ANYONE_READ: [zk::Acl; 2] = [
+    zk::Acl::new_const(zk::Permission::ALL, "auth", ""),
+    zk::Acl::new_const(zk::Permission::READ, "world", "anyone"),
+];
+
+fn acls(auth: bool) -> zk::Acls<'static> {
+    if auth {
+        zk::Acls::new(&AUTH_WRITE_ANYONE_READ)
+    } else {
+        zk::Acls::anyone_all()
+    }
 }
 
 /// What the node advertises; read every [`TICK`] (100 ms).
@@ -93,17 +141,32 @@ pub async fn run<A: Advertise>(cfg: PublishConfig, node: A, mut phase: watch::Re
             return;
         }
         let client = tokio::select! {
-            c = zk::Client::connector().with_session_timeout(cfg.session_timeout).connect(&connect) => c,
+            c = {
+                let mut connector = zk::Client::connector().with_session_timeout(cfg.session_timeout);
+                if let Some(a) = &cfg.auth {
+                    connector = connector.with_auth("digest", a.0.as_bytes());
+                }
+                connector.connect(&connect)
+            } => c,
             _ = phase.wait_for(|p| *p == Phase::Gone) => return,
         };
         let why = match client {
             Err(e) => format!("cannot reach ZooKeeper: {e}"),
             Ok(client) => {
                 tracing::info!(registry = %connect, session = ?client.session_id(), "connected to ZooKeeper");
-                match chrooted(client, chroot, &cfg.service).await {
+                match chrooted(client, chroot, &cfg.service, cfg.auth.is_some()).await {
                     Err(e) => format!("cannot prepare the registry path: {e}"),
                     Ok(client) => {
-                        match register(&client, &node, &path, &mut phase, &mut retry).await {
+                        match register(
+                            &client,
+                            &node,
+                            &path,
+                            &mut phase,
+                            &mut retry,
+                            cfg.auth.is_some(),
+                        )
+                        .await
+                        {
                             Ok(()) => return,
                             Err(e) => format!(
                                 "ZooKeeper session lost ({e}); registering again with a new session"
@@ -130,6 +193,7 @@ async fn register<A: Advertise>(
     path: &str,
     phase: &mut watch::Receiver<Phase>,
     retry: &mut Reconnect,
+    auth: bool,
 ) -> Result<(), String> {
     let mut state = client.state_watcher();
     let mut connected = true;
@@ -176,7 +240,7 @@ async fn register<A: Advertise>(
             continue;
         }
         let result = if written.is_none() {
-            create(client, path, &record).await
+            create(client, path, &record, auth).await
         } else {
             match client.set_data(path, &record.to_json(), None).await {
                 Ok(_) => Ok(()),
@@ -186,7 +250,7 @@ async fn register<A: Advertise>(
                         path,
                         "the record was deleted by someone else; creating it again"
                     );
-                    create(client, path, &record).await
+                    create(client, path, &record, auth).await
                 }
                 Err(e) => Err(e.to_string()),
             }
@@ -206,8 +270,13 @@ async fn register<A: Advertise>(
 
 /// Creates `<chroot>/infermesh/v1/services/<service>/nodes` (persistent) and
 /// returns the client rooted at `chroot`.
-async fn chrooted(client: zk::Client, chroot: &str, service: &str) -> Result<zk::Client, String> {
-    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+async fn chrooted(
+    client: zk::Client,
+    chroot: &str,
+    service: &str,
+    auth: bool,
+) -> Result<zk::Client, String> {
+    let persistent = zk::CreateMode::Persistent.with_acls(acls(auth));
     let full = format!("{chroot}{}", nodes_path(service));
     match client.mkdir(&full, &persistent).await {
         Ok(()) | Err(zk::Error::NodeExists) => {}
@@ -223,8 +292,13 @@ async fn chrooted(client: zk::Client, chroot: &str, service: &str) -> Result<zk:
 
 /// Creates the ephemeral record, replacing one left by an earlier session of
 /// this node (e.g. the agent restarted before its old session expired).
-async fn create(client: &zk::Client, path: &str, record: &NodeRecord) -> Result<(), String> {
-    let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+async fn create(
+    client: &zk::Client,
+    path: &str,
+    record: &NodeRecord,
+    auth: bool,
+) -> Result<(), String> {
+    let ephemeral = zk::CreateMode::Ephemeral.with_acls(acls(auth));
     match client.create(path, &record.to_json(), &ephemeral).await {
         Ok(_) => Ok(()),
         Err(zk::Error::NodeExists) => {
@@ -245,6 +319,17 @@ async fn create(client: &zk::Client, path: &str, record: &NodeRecord) -> Result<
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn digest_credentials_are_checked_and_never_printed() {
+        let a = DigestAuth::parse("infermesh:s3cret\n").unwrap();
+        assert_eq!(a.user(), "infermesh");
+        assert!(!format!("{a:?}").contains("s3cret"));
+        for bad in ["", "nocolon", ":pw", "user:"] {
+            assert!(DigestAuth::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
     use infermesh_proto::registry::{Capacity, Endpoints, NodeState, SCHEMA};
 
     use super::*;
