@@ -416,7 +416,6 @@ impl Agent {
         if let Some(listener) = http_listener {
             let app = crate::http::router(
                 front.clone(),
-                Arc::clone(&pool),
                 cfg.max_message_bytes,
                 cfg.limits.call_timeout,
             );

@@ -11,7 +11,6 @@
 //! FP16/BF16 travel only as binary, as in Triton. Errors are KServe JSON
 //! (`{"error": "..."}`) with the HTTP status mapped from the gRPC code.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -26,14 +25,13 @@ use infermesh_proto::inference::model_infer_request::{
 };
 use infermesh_proto::inference::{
     InferParameter, ModelInferRequest, ModelInferResponse, ModelMetadataRequest, ModelReadyRequest,
-    ServerMetadataRequest, infer_parameter,
+    ServerMetadataRequest, ServerReadyRequest, infer_parameter,
 };
-use infermesh_proto::tensor::echo;
+use infermesh_proto::tensor::{DataType, echo};
 use serde_json::{Map, Value, json};
 use tonic::Code;
 
 use crate::front::Front;
-use crate::pool::Pool;
 
 /// The binary tensor extension's header: length of the JSON part.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -47,20 +45,13 @@ const MAX_TENSORS: usize = 1024;
 #[derive(Clone)]
 struct Http {
     front: Front,
-    pool: Arc<Pool>,
     call_timeout: Duration,
 }
 
 /// The REST routes; bodies over `max_body_bytes` are refused with 413.
-pub fn router(
-    front: Front,
-    pool: Arc<Pool>,
-    max_body_bytes: usize,
-    call_timeout: Duration,
-) -> Router {
+pub fn router(front: Front, max_body_bytes: usize, call_timeout: Duration) -> Router {
     let state = Http {
         front,
-        pool,
         call_timeout,
     };
     Router::new()
@@ -138,10 +129,13 @@ fn bad(message: impl Into<String>) -> Bad {
 }
 
 async fn server_ready(State(h): State<Http>) -> StatusCode {
-    if h.pool.any_ready() && !h.pool.is_stopping() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+    match h
+        .front
+        .server_ready(tonic::Request::new(ServerReadyRequest {}))
+        .await
+    {
+        Ok(r) if r.get_ref().ready => StatusCode::OK,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -420,43 +414,46 @@ fn parse_input(
 
 /// JSON `data` (nested or flat) as little-endian raw bytes of `datatype`.
 fn json_to_raw(datatype: &str, data: &Value) -> Result<Vec<u8>, String> {
+    let dt = DataType::parse(datatype)
+        .ok_or_else(|| format!("unknown datatype '{}'", echo(datatype)))?;
+    if matches!(dt, DataType::Fp16 | DataType::Bf16) {
+        return Err(format!(
+            "{datatype} travels only as binary data, as in Triton"
+        ));
+    }
     let mut flat = Vec::new();
     flatten(data, &mut flat, 0)?;
     let mut out = Vec::new();
     for v in flat {
         let bad = || format!("{v} is not a {datatype} value");
-        match datatype {
-            "BOOL" => out.push(u8::from(v.as_bool().ok_or_else(bad)?)),
-            "UINT8" | "UINT16" | "UINT32" | "UINT64" => {
+        let width = dt.element_size().unwrap_or(0);
+        match dt {
+            DataType::Bool => out.push(u8::from(v.as_bool().ok_or_else(bad)?)),
+            DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
                 let x = v.as_u64().ok_or_else(bad)?;
-                let width = width(datatype);
                 if width < 8 && x >> (width * 8) != 0 {
                     return Err(bad());
                 }
                 out.extend_from_slice(&x.to_le_bytes()[..width]);
             }
-            "INT8" | "INT16" | "INT32" | "INT64" => {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
                 let x = v.as_i64().ok_or_else(bad)?;
-                let width = width(datatype);
                 let bits = width * 8;
                 if bits < 64 && (x < -(1i64 << (bits - 1)) || x >= 1i64 << (bits - 1)) {
                     return Err(bad());
                 }
                 out.extend_from_slice(&x.to_le_bytes()[..width]);
             }
-            "FP32" => out.extend_from_slice(&(v.as_f64().ok_or_else(bad)? as f32).to_le_bytes()),
-            "FP64" => out.extend_from_slice(&v.as_f64().ok_or_else(bad)?.to_le_bytes()),
-            "BYTES" => {
+            DataType::Fp32 => {
+                out.extend_from_slice(&(v.as_f64().ok_or_else(bad)? as f32).to_le_bytes())
+            }
+            DataType::Fp64 => out.extend_from_slice(&v.as_f64().ok_or_else(bad)?.to_le_bytes()),
+            DataType::Bytes => {
                 let s = v.as_str().ok_or_else(bad)?;
                 out.extend_from_slice(&(s.len() as u32).to_le_bytes());
                 out.extend_from_slice(s.as_bytes());
             }
-            "FP16" | "BF16" => {
-                return Err(format!(
-                    "{datatype} travels only as binary data, as in Triton"
-                ));
-            }
-            other => return Err(format!("unknown datatype '{}'", echo(other))),
+            DataType::Fp16 | DataType::Bf16 => unreachable!("refused above"),
         }
     }
     Ok(out)
@@ -480,19 +477,12 @@ fn flatten<'a>(v: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Result<(
     }
 }
 
-fn width(datatype: &str) -> usize {
-    match datatype {
-        "BOOL" | "UINT8" | "INT8" => 1,
-        "UINT16" | "INT16" | "FP16" | "BF16" => 2,
-        "UINT32" | "INT32" | "FP32" => 4,
-        _ => 8,
-    }
-}
-
 /// Raw little-endian bytes of `datatype` as JSON values.
 fn raw_to_json(datatype: &str, raw: &[u8]) -> Result<Vec<Value>, String> {
-    let w = width(datatype);
-    if datatype == "BYTES" {
+    let dt = DataType::parse(datatype)
+        .ok_or_else(|| format!("unknown datatype '{}'", echo(datatype)))?;
+    let Some(w) = dt.element_size() else {
+        // BYTES: each element a 4-byte little-endian length and the bytes.
         let mut out = Vec::new();
         let mut rest = raw;
         while !rest.is_empty() {
@@ -509,7 +499,7 @@ fn raw_to_json(datatype: &str, raw: &[u8]) -> Result<Vec<Value>, String> {
             rest = &tail[len..];
         }
         return Ok(out);
-    }
+    };
     if raw.len() % w != 0 {
         return Err(format!(
             "{} bytes is not a whole number of {datatype}",
@@ -520,16 +510,20 @@ fn raw_to_json(datatype: &str, raw: &[u8]) -> Result<Vec<Value>, String> {
         .map(|c| {
             let mut b = [0u8; 8];
             b[..w].copy_from_slice(c);
-            Ok(match datatype {
-                "BOOL" => Value::Bool(c[0] != 0),
-                "UINT8" | "UINT16" | "UINT32" | "UINT64" => json!(u64::from_le_bytes(b)),
-                "INT8" | "INT16" | "INT32" | "INT64" => {
+            Ok(match dt {
+                DataType::Bool => Value::Bool(c[0] != 0),
+                DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
+                    json!(u64::from_le_bytes(b))
+                }
+                DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
                     let shift = 64 - 8 * w as u32;
                     json!((i64::from_le_bytes(b) << shift) >> shift)
                 }
-                "FP32" => json!(f32::from_le_bytes(b[..4].try_into().expect("4 bytes"))),
-                "FP64" => json!(f64::from_le_bytes(b)),
-                other => return Err(format!("{other} outputs go back only as binary data")),
+                DataType::Fp32 => json!(f32::from_le_bytes(b[..4].try_into().expect("4 bytes"))),
+                DataType::Fp64 => json!(f64::from_le_bytes(b)),
+                DataType::Fp16 | DataType::Bf16 | DataType::Bytes => {
+                    return Err(format!("{datatype} outputs go back only as binary data"));
+                }
             })
         })
         .collect()
@@ -552,7 +546,10 @@ fn render_response(
             .iter()
             .find(|(n, _)| *n == out.name)
             .map_or(all_binary, |(_, b)| *b)
-            || matches!(out.datatype.as_str(), "FP16" | "BF16");
+            || matches!(
+                DataType::parse(&out.datatype),
+                Some(DataType::Fp16 | DataType::Bf16)
+            );
         let mut o = Map::new();
         o.insert("name".into(), json!(out.name));
         o.insert("datatype".into(), json!(out.datatype));
