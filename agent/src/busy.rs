@@ -10,6 +10,84 @@ pub const WINDOW: Duration = Duration::from_secs(10);
 pub const BUCKET: Duration = Duration::from_millis(100);
 const BUCKETS: usize = (WINDOW.as_millis() / BUCKET.as_millis()) as usize;
 
+/// Amounts summed per [`BUCKET`] over the last [`WINDOW`], in a ring of
+/// 100 buckets with a running total: O(1) per addition and per question,
+/// whatever the rate. Shared by [`BusyWindow`] (busy time) and
+/// [`RateWindow`] (completions).
+#[derive(Debug)]
+struct Buckets<T> {
+    /// `(bucket index since origin, amount in it)`.
+    slots: [(u64, T); BUCKETS],
+    /// Sum of the slots within the window ending at bucket `as_of`.
+    total: T,
+    as_of: u64,
+}
+
+impl<T> Default for Buckets<T>
+where
+    T: Copy + Default,
+{
+    fn default() -> Self {
+        Self {
+            slots: [(u64::MAX, T::default()); BUCKETS],
+            total: T::default(),
+            as_of: 0,
+        }
+    }
+}
+
+impl<T> Buckets<T>
+where
+    T: Copy + Default + PartialOrd + std::ops::AddAssign + std::ops::Sub<Output = T>,
+{
+    /// Moves the window's end to bucket `to`: buckets that fall out of it
+    /// (indices at or below `to - BUCKETS`) leave the total.
+    fn advance(&mut self, to: u64) {
+        if to <= self.as_of {
+            return;
+        }
+        let n = BUCKETS as u64;
+        if to - self.as_of >= n {
+            self.total = T::default();
+        } else {
+            // Leaving: (as_of - n, to - n].
+            for leaving in (self.as_of + 1)..=to {
+                let Some(index) = leaving.checked_sub(n) else {
+                    continue;
+                };
+                let slot = &self.slots[(index % n) as usize];
+                if slot.0 == index {
+                    // Saturating: the total never goes below zero.
+                    self.total = if self.total >= slot.1 {
+                        self.total - slot.1
+                    } else {
+                        T::default()
+                    };
+                }
+            }
+        }
+        self.as_of = to;
+    }
+
+    /// Whether bucket `index` is within the window ending at `as_of`.
+    fn in_window(&self, index: u64) -> bool {
+        index <= self.as_of && self.as_of - index < BUCKETS as u64
+    }
+
+    /// Adds `amount` to bucket `index`, if it is within the window.
+    fn add(&mut self, index: u64, amount: T) {
+        if !self.in_window(index) {
+            return;
+        }
+        let slot = &mut self.slots[(index % BUCKETS as u64) as usize];
+        if slot.0 != index {
+            *slot = (index, T::default());
+        }
+        slot.1 += amount;
+        self.total += amount;
+    }
+}
+
 /// Tracks busy periods and answers the busy ratio over [`WINDOW`].
 ///
 /// Busy time is accumulated into a ring of 100 buckets of 100 ms, so every
@@ -18,27 +96,11 @@ const BUCKETS: usize = (WINDOW.as_millis() / BUCKET.as_millis()) as usize;
 /// accurate to one bucket (1% of the window). The sum over the window is
 /// kept up to date as buckets are added and age out, so the ratio (asked
 /// for on every response) costs O(1) too.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct BusyWindow {
     origin: Option<Instant>,
     open_since: Option<Instant>,
-    /// `(bucket index since origin, busy time in it)`.
-    buckets: [(u64, Duration); BUCKETS],
-    /// Sum of the buckets within the window ending at bucket `as_of`.
-    total: Duration,
-    as_of: u64,
-}
-
-impl Default for BusyWindow {
-    fn default() -> Self {
-        Self {
-            origin: None,
-            open_since: None,
-            buckets: [(u64::MAX, Duration::ZERO); BUCKETS],
-            total: Duration::ZERO,
-            as_of: 0,
-        }
-    }
+    busy: Buckets<Duration>,
 }
 
 impl BusyWindow {
@@ -62,8 +124,8 @@ impl BusyWindow {
         let Some(origin) = self.origin else {
             return 0.0;
         };
-        self.advance(bucket_index(origin, now));
-        let mut busy = self.total;
+        self.busy.advance(bucket_index(origin, now));
+        let mut busy = self.busy.total;
         if let Some(start) = self.open_since {
             let from = now.checked_sub(WINDOW).map_or(start, |f| start.max(f));
             busy += now.saturating_duration_since(from);
@@ -71,53 +133,16 @@ impl BusyWindow {
         (busy.as_secs_f64() / WINDOW.as_secs_f64()).clamp(0.0, 1.0)
     }
 
-    /// Moves the window's end to bucket `to`: buckets that fall out of it
-    /// (indices at or below `to - BUCKETS`) leave the total.
-    fn advance(&mut self, to: u64) {
-        if to <= self.as_of {
-            return;
-        }
-        let n = BUCKETS as u64;
-        if to - self.as_of >= n {
-            self.total = Duration::ZERO;
-        } else {
-            // Leaving: (as_of - n, to - n].
-            for leaving in (self.as_of + 1)..=to {
-                let Some(index) = leaving.checked_sub(n) else {
-                    continue;
-                };
-                let slot = &self.buckets[(index % n) as usize];
-                if slot.0 == index {
-                    self.total = self.total.saturating_sub(slot.1);
-                }
-            }
-        }
-        self.as_of = to;
-    }
-
-    /// Whether bucket `index` is within the window ending at `as_of`.
-    fn in_window(&self, index: u64) -> bool {
-        index <= self.as_of && self.as_of - index < BUCKETS as u64
-    }
-
     /// Adds the busy interval `[from, to)` to the buckets it covers.
     fn add(&mut self, from: Instant, to: Instant) {
         let origin = *self.origin.get_or_insert(from);
-        self.advance(bucket_index(origin, to));
+        self.busy.advance(bucket_index(origin, to));
         let mut t = to.checked_sub(WINDOW).map_or(from, |edge| from.max(edge));
         while t < to {
             let i = bucket_index(origin, t);
             let bucket_end = origin + BUCKET * (i as u32 + 1);
             let end = bucket_end.min(to);
-            if self.in_window(i) {
-                let slot = &mut self.buckets[(i % BUCKETS as u64) as usize];
-                if slot.0 != i {
-                    *slot = (i, Duration::ZERO);
-                }
-                let d = end.saturating_duration_since(t);
-                slot.1 += d;
-                self.total += d;
-            }
+            self.busy.add(i, end.saturating_duration_since(t));
             t = end;
         }
     }
@@ -125,24 +150,10 @@ impl BusyWindow {
 
 /// Requests completed over the last [`WINDOW`], in the same 100 ms buckets
 /// as [`BusyWindow`]: O(1) per completion and per question.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct RateWindow {
     origin: Option<Instant>,
-    /// `(bucket index since origin, completions in it)`.
-    buckets: [(u64, u64); BUCKETS],
-    total: u64,
-    as_of: u64,
-}
-
-impl Default for RateWindow {
-    fn default() -> Self {
-        Self {
-            origin: None,
-            buckets: [(u64::MAX, 0); BUCKETS],
-            total: 0,
-            as_of: 0,
-        }
-    }
+    completions: Buckets<u64>,
 }
 
 impl RateWindow {
@@ -150,13 +161,8 @@ impl RateWindow {
     pub fn record(&mut self, now: Instant) {
         let origin = *self.origin.get_or_insert(now);
         let i = bucket_index(origin, now);
-        self.advance(i);
-        let slot = &mut self.buckets[(i % BUCKETS as u64) as usize];
-        if slot.0 != i {
-            *slot = (i, 0);
-        }
-        slot.1 += 1;
-        self.total += 1;
+        self.completions.advance(i);
+        self.completions.add(i, 1);
     }
 
     /// Completions per second over the window (over the time since the
@@ -165,32 +171,11 @@ impl RateWindow {
         let Some(origin) = self.origin else {
             return 0.0;
         };
-        self.advance(bucket_index(origin, now));
+        self.completions.advance(bucket_index(origin, now));
         let span = now
             .saturating_duration_since(origin)
             .clamp(Duration::from_secs(1), WINDOW);
-        self.total as f64 / span.as_secs_f64()
-    }
-
-    fn advance(&mut self, to: u64) {
-        if to <= self.as_of {
-            return;
-        }
-        let n = BUCKETS as u64;
-        if to - self.as_of >= n {
-            self.total = 0;
-        } else {
-            for leaving in (self.as_of + 1)..=to {
-                let Some(index) = leaving.checked_sub(n) else {
-                    continue;
-                };
-                let slot = &self.buckets[(index % n) as usize];
-                if slot.0 == index {
-                    self.total -= slot.1;
-                }
-            }
-        }
-        self.as_of = to;
+        self.completions.total as f64 / span.as_secs_f64()
     }
 }
 
@@ -237,12 +222,13 @@ mod tests {
             t += idle;
             let ratio = w.ratio(t);
             let fresh: Duration = w
-                .buckets
+                .busy
+                .slots
                 .iter()
-                .filter(|(i, _)| w.in_window(*i))
+                .filter(|(i, _)| w.busy.in_window(*i))
                 .map(|(_, d)| *d)
                 .sum();
-            assert_eq!(w.total, fresh);
+            assert_eq!(w.busy.total, fresh);
             assert!((0.0..=1.0).contains(&ratio));
         }
     }
