@@ -141,30 +141,10 @@ impl Health for GrpcHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::WorkerSpec;
-    use crate::state::Worker;
-
-    fn pool() -> Arc<Pool> {
-        let (worker, _driver) = Worker::new(
-            WorkerSpec {
-                id: "w0".into(),
-                command: "x".into(),
-                argv: vec!["x".into()],
-                env: Default::default(),
-                gpu: None,
-                models: vec![],
-                max_inflight: 1,
-                startup_timeout: Duration::from_secs(1),
-                stop_grace: Duration::from_secs(1),
-            },
-            0,
-        );
-        Pool::new(vec![worker], 1.0, 1)
-    }
 
     #[test]
     fn unknown_names_are_unknown_and_known_models_follow_their_workers() {
-        let pool = pool();
+        let pool = crate::testing::idle_pool();
         pool.models().intern("dense").unwrap();
         assert_eq!(status(&pool, "nope"), None);
         // No worker ready yet.

@@ -600,24 +600,6 @@ fn model_metrics(
 mod tests {
     use super::*;
 
-    fn test_pool() -> std::sync::Arc<Pool> {
-        let (worker, _) = crate::state::Worker::new(
-            crate::config::WorkerSpec {
-                id: "w0".into(),
-                command: "x".into(),
-                argv: vec!["x".into()],
-                env: Default::default(),
-                gpu: None,
-                models: vec![],
-                max_inflight: 1,
-                startup_timeout: Duration::from_secs(1),
-                stop_grace: Duration::from_secs(1),
-            },
-            0,
-        );
-        Pool::new(vec![worker], 1.0, 1)
-    }
-
     /// Every metric the docs name is one the agent exports, spelled alike.
     #[test]
     fn metrics_named_in_the_docs_exist() {
@@ -644,7 +626,7 @@ mod tests {
         let fake = infermesh_gpu::FakeTelemetry::new(1);
         use infermesh_gpu::GpuTelemetry as _;
         metrics.record_gpus(&fake.devices(), &fake.sample());
-        let text = metrics.render(&test_pool());
+        let text = metrics.render(&crate::testing::idle_pool());
         let families: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -705,7 +687,7 @@ mod tests {
     #[test]
     fn series_exist_from_the_start() {
         let metrics = Metrics::new();
-        let pool = test_pool();
+        let pool = crate::testing::idle_pool();
         pool.models().intern("dense").unwrap();
         let text = metrics.render(&pool);
         let version = env!("CARGO_PKG_VERSION");
@@ -737,7 +719,7 @@ mod tests {
         let fake = infermesh_gpu::FakeTelemetry::new(2);
         let devices = fake.devices();
         metrics.record_gpus(&devices, &fake.sample());
-        let text = metrics.render(&test_pool());
+        let text = metrics.render(&crate::testing::idle_pool());
         for d in &devices {
             let labels = format!(r#"{{gpu="{}",uuid="{}"}}"#, d.index, d.uuid);
             for family in [
@@ -779,7 +761,7 @@ mod tests {
                 .model(None, &models)
                 .request(tonic::Code::NotFound, Duration::ZERO);
         }
-        let text = metrics.render(&test_pool());
+        let text = metrics.render(&crate::testing::idle_pool());
         assert!(
             text.contains(r#"infermesh_requests_total{model="dense",code="Ok"} 1"#),
             "{text}"
