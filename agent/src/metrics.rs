@@ -111,6 +111,8 @@ pub struct Metrics {
     health_latency: Family<Labels, Histogram>,
     transport: [Counter; 4],
     node_state: Family<Labels, Gauge>,
+    /// Set once every worker's zero-valued series exist.
+    workers_primed: OnceLock<()>,
     gpu: GpuGauges,
     host: HostGauges,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
@@ -247,6 +249,7 @@ impl Metrics {
         let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
         Self {
             node_state,
+            workers_primed: OnceLock::new(),
             gpu,
             host,
             models: RwLock::new(Vec::new()),
@@ -354,12 +357,9 @@ impl Metrics {
     /// `UUID` there), so the two can be joined.
     pub fn record_gpus(&self, devices: &[GpuDevice], samples: &[GpuSample]) {
         for s in samples {
-            let uuid = devices
-                .iter()
-                .find(|d| d.index == s.index)
-                .map(|d| d.uuid.clone())
-                .unwrap_or_default();
-            let labels = vec![("gpu", s.index.to_string()), ("uuid", uuid.clone())];
+            let device = devices.iter().find(|d| d.index == s.index);
+            let uuid = device.map(|d| d.uuid.clone()).unwrap_or_default();
+            let labels = vec![("gpu", s.index.to_string()), ("uuid", uuid)];
             let g = &self.gpu;
             g.utilization
                 .get_or_create(&labels)
@@ -367,7 +367,7 @@ impl Metrics {
             g.memory_used
                 .get_or_create(&labels)
                 .set(s.memory_used_bytes as i64);
-            if let Some(d) = devices.iter().find(|d| d.index == s.index) {
+            if let Some(d) = device {
                 g.memory_total
                     .get_or_create(&labels)
                     .set(d.memory_total_bytes as i64);
@@ -385,6 +385,27 @@ impl Metrics {
                 let mut l = labels.clone();
                 l.push(("type", kind.to_string()));
                 g.ecc.get_or_create(&l).set(n as i64);
+            }
+        }
+    }
+
+    /// Creates every worker's exits, restarts and faults series at zero.
+    fn prime_workers(&self, pool: &Pool) {
+        for w in pool.workers() {
+            let worker = w.id().to_string();
+            drop(
+                self.worker_exits
+                    .get_or_create(&vec![("worker", worker.clone())]),
+            );
+            for r in infermesh_sentinel::FaultReason::ALL {
+                let labels = vec![
+                    ("worker", worker.clone()),
+                    ("reason", r.as_label().to_string()),
+                ];
+                drop(self.worker_restarts.get_or_create(&labels));
+                if r != infermesh_sentinel::FaultReason::Operator {
+                    drop(self.worker_faults.get_or_create(&labels));
+                }
             }
         }
     }
@@ -411,23 +432,8 @@ impl Metrics {
             let m = self.model(Some(ModelId(i as u32)), models);
             m.touch(tonic::Code::Ok);
         }
-        for w in pool.workers() {
-            let worker = w.id().to_string();
-            drop(
-                self.worker_exits
-                    .get_or_create(&vec![("worker", worker.clone())]),
-            );
-            for r in infermesh_sentinel::FaultReason::ALL {
-                let labels = vec![
-                    ("worker", worker.clone()),
-                    ("reason", r.as_label().to_string()),
-                ];
-                drop(self.worker_restarts.get_or_create(&labels));
-                if r != infermesh_sentinel::FaultReason::Operator {
-                    drop(self.worker_faults.get_or_create(&labels));
-                }
-            }
-        }
+        // The workers are fixed for the agent's life: their series once.
+        self.workers_primed.get_or_init(|| self.prime_workers(pool));
         for w in pool.workers() {
             let state = w.snapshot().state;
             for s in State::ALL {
