@@ -27,7 +27,7 @@ need haproxy haproxy
 need nginx nginx
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=target/release
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 work=$(mktemp -d)
 pids=()
 cleanup() {

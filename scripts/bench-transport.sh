@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 duration=${1:-5s}
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=$PWD/target/release
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 oip=$(port); admin=$(port)
 "$bin/infermesh" agent --listen "127.0.0.1:$oip" --admin-listen "127.0.0.1:$admin" --threads 2 \
   --worker "$bin/infermesh-testworker --listen 127.0.0.1:{port} --model identity" \

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 count=${COUNT:-20}
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=target/release
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 oip=$(port); admin=$(port)
 cfg=$(mktemp --suffix .toml)
 token=$(mktemp)

@@ -14,23 +14,14 @@ cd "$(dirname "$0")/.."
 duration=${BENCH_DURATION:-8s}
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=$PWD/target/release
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/lib.sh
 now_ms() { python3 -c 'import time; print(int(time.time()*1000))'; }
 dir=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
 
-zkport=$(port)
-mkdir -p "$dir/zk"
-printf 'tickTime=500\ndataDir=%s/zk\nclientPort=%s\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=ruok\n' "$dir" "$zkport" > "$dir/zoo.cfg"
-java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >/dev/null 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-  [ "$(python3 -c "import socket;s=socket.create_connection(('127.0.0.1',$zkport),1);s.sendall(b'ruok');print(s.recv(4).decode())" 2>/dev/null)" = imok ] && break
-  sleep 0.1
-done
-registry="zk://127.0.0.1:$zkport/infermesh"
+start_zookeeper "$dir"
 
 declare -A oip
 start_agent() { # name weight worker-flags
