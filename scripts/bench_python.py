@@ -1,0 +1,137 @@
+"""Python callers of one agent: `infermesh` against `tritonclient.grpc`.
+
+Closed loop: CONCURRENCY threads each call the agent's `identity` model
+(OUTPUT0 = INPUT0, no compute) with an FP32 tensor of SIZE bytes for
+DURATION seconds after a warm-up, and the calls' latencies are recorded.
+Modes:
+
+- infermesh-shm: `infermesh.Client` with the agent as its local node (the
+  shared-memory path); one client shared by the threads.
+- infermesh-grpc: the same without `local_node` (tensors inline over gRPC).
+- tritonclient: `tritonclient.grpc.InferenceServerClient`, inline tensors,
+  `set_data_from_numpy` / `as_numpy`; one client per thread.
+- tritonclient-shm: tritonclient with its own system shared memory
+  (regions registered once per thread, inputs written with
+  `set_shared_memory_region`, outputs read with `get_contents_as_numpy`).
+
+Usage: python bench_python.py HOST:PORT MODE SIZE CONCURRENCY DURATION
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Callable, List
+
+import numpy as np
+
+
+def make_call(mode: str, url: str, x: np.ndarray, index: int, shared: dict) -> Callable[[], np.ndarray]:
+    if mode.startswith("infermesh"):
+        client = shared["client"]
+        return lambda: client.infer("identity", {"INPUT0": x})["OUTPUT0"]
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url=url)
+    if mode == "tritonclient":
+        inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        out = grpcclient.InferRequestedOutput("OUTPUT0")
+
+        def call() -> np.ndarray:
+            inp.set_data_from_numpy(x)
+            return client.infer("identity", [inp], outputs=[out]).as_numpy("OUTPUT0")
+
+        return call
+    import tritonclient.utils.shared_memory as shm
+
+    nbytes = x.nbytes
+    key = f"/infermesh_bench_{index}_{id(shared)}"
+    in_h = shm.create_shared_memory_region(f"in{index}", key + "_in", nbytes)
+    out_h = shm.create_shared_memory_region(f"out{index}", key + "_out", nbytes)
+    shared.setdefault("handles", []).extend([in_h, out_h])
+    client.register_system_shared_memory(f"in{index}", key + "_in", nbytes)
+    client.register_system_shared_memory(f"out{index}", key + "_out", nbytes)
+    inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_shared_memory(f"in{index}", nbytes)
+    out = grpcclient.InferRequestedOutput("OUTPUT0")
+    out.set_shared_memory(f"out{index}", nbytes)
+
+    def call_shm() -> np.ndarray:
+        shm.set_shared_memory_region(in_h, [x])
+        client.infer("identity", [inp], outputs=[out])
+        return shm.get_contents_as_numpy(out_h, np.float32, list(x.shape))
+
+    return call_shm
+
+
+def main() -> None:
+    url, mode, size, concurrency, duration = sys.argv[1:6]
+    size, concurrency, duration = int(size), int(concurrency), float(duration)
+    warmup = min(1.0, duration / 4)
+    x = np.random.default_rng(0).standard_normal(size // 4).astype(np.float32).reshape(1, -1)
+    shared: dict = {}
+    if mode.startswith("infermesh"):
+        import infermesh
+
+        local = url if mode == "infermesh-shm" else None
+        shared["client"] = infermesh.Client(f"static://{url}", local_node=local)
+    calls = [make_call(mode, url, x, i, shared) for i in range(concurrency)]
+    for call in calls:
+        np.testing.assert_array_equal(call(), x)
+
+    lat: List[List[float]] = [[] for _ in range(concurrency)]
+    start = threading.Barrier(concurrency + 1)
+    t = {}
+
+    def worker(i: int) -> None:
+        call = calls[i]
+        mine = lat[i]
+        start.wait()
+        begin = t["begin"]
+        warm_end = begin + warmup
+        end = warm_end + duration
+        while True:
+            t0 = time.perf_counter()
+            call()
+            t1 = time.perf_counter()
+            if t0 >= warm_end:
+                mine.append(t1 - t0)
+            if t1 >= end:
+                break
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for th in threads:
+        th.start()
+    t["begin"] = time.perf_counter()
+    start.wait()
+    for th in threads:
+        th.join()
+    all_lat = np.array([v for l in lat for v in l])
+    result = {
+        "mode": mode,
+        "size_bytes": size,
+        "concurrency": concurrency,
+        "calls": int(all_lat.size),
+        "throughput_rps": all_lat.size / duration,
+        "p50_ms": float(np.percentile(all_lat, 50) * 1e3),
+        "p99_ms": float(np.percentile(all_lat, 99) * 1e3),
+    }
+    if mode == "infermesh-shm":
+        paths = shared["client"].path_counters()
+        result["shm_calls"] = paths["shm"]["successes"]
+        result["grpc_calls"] = paths["grpc"]["attempts"]
+    if "client" in shared:
+        shared["client"].close()
+    if "handles" in shared:
+        import tritonclient.utils.shared_memory as shm
+
+        for h in shared["handles"]:
+            shm.destroy_shared_memory_region(h)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
