@@ -30,7 +30,7 @@ import sys, tritonclient.grpc as g
 sys.exit(0 if g.InferenceServerClient('127.0.0.1:$oip').is_model_ready('identity') else 1)" 2>/dev/null && break
   sleep 0.1
 done
-printf '%-17s %9s %4s %9s %9s %9s\n' mode size conc req/s 'p50 ms' 'p99 ms'
+printf '%-17s %9s %4s %9s %9s %9s %12s\n' mode size conc req/s 'p50 ms' 'p99 ms' 'cpu ms/call'
 for size in 1024 16777216; do
   for conc in 1 16; do
     for mode in infermesh-shm infermesh-grpc tritonclient tritonclient-shm; do
@@ -38,8 +38,8 @@ for size in 1024 16777216; do
         python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-print("%-17s %9d %4d %9.0f %9.3f %9.3f" % (r["mode"], r["size_bytes"], r["concurrency"],
-      r["throughput_rps"], r["p50_ms"], r["p99_ms"]))'
+print("%-17s %9d %4d %9.0f %9.3f %9.3f %12.3f" % (r["mode"], r["size_bytes"], r["concurrency"],
+      r["throughput_rps"], r["p50_ms"], r["p99_ms"], r["cpu_ms_per_call"]))'
     done
   done
 done
