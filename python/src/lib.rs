@@ -27,7 +27,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -108,17 +108,27 @@ const MAX_NAME_BYTES: usize = 1024;
 
 /// The process's runtime, shared by every client: two worker threads do
 /// the I/O of many concurrent calls; the calling threads drive their own
-/// calls (`block_on`).
+/// calls (`block_on`). A child of `fork()` has none of its parent's
+/// threads, so it gets a runtime of its own (the parent's is leaked there).
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("infermesh")
-            .enable_all()
-            .build()
-            .expect("tokio runtime")
-    })
+    static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    match *slot {
+        Some((owner, rt)) if owner == pid => rt,
+        _ => {
+            let rt: &'static _ = Box::leak(Box::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("infermesh")
+                    .enable_all()
+                    .build()
+                    .expect("tokio runtime"),
+            ));
+            *slot = Some((pid, rt));
+            rt
+        }
+    }
 }
 
 /// The Python exception for a client error, with `.code` set.
@@ -624,10 +634,22 @@ impl Call {
 #[pyclass(module = "infermesh._native", frozen)]
 struct NativeClient {
     client: Mutex<Option<Client>>,
+    /// The process that made it: its connections belong to that process's
+    /// runtime, which a child of `fork()` does not have.
+    pid: u32,
 }
 
 impl NativeClient {
     fn client(&self, py: Python<'_>) -> PyResult<Client> {
+        if std::process::id() != self.pid {
+            return Err(with_code(
+                py,
+                ClosedError::new_err(
+                    "this client was made before fork(); make a new one in this process",
+                ),
+                "CANCELLED",
+            ));
+        }
         self.client
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -671,6 +693,7 @@ impl NativeClient {
         let client = built.map_err(|e| to_py_err(py, &e))?;
         Ok(NativeClient {
             client: Mutex::new(Some(client)),
+            pid: std::process::id(),
         })
     }
 
@@ -781,6 +804,10 @@ impl NativeClient {
     /// flight finish; new ones raise `ClosedError`.
     fn close(&self, py: Python<'_>) {
         let client = self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if std::process::id() != self.pid {
+            std::mem::forget(client);
+            return;
+        }
         py.detach(|| {
             let _runtime = runtime().enter();
             drop(client);
@@ -795,6 +822,12 @@ impl Drop for NativeClient {
             .get_mut()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        if std::process::id() != self.pid {
+            // A parent's client in a child of fork(): its runtime's locks
+            // may have been held by threads that do not exist here.
+            std::mem::forget(client);
+            return;
+        }
         let _runtime = runtime().enter();
         drop(client);
     }

@@ -116,3 +116,26 @@ def test_exceptions_form_one_hierarchy() -> None:
         assert issubclass(cls, infermesh.InfermeshError)
         assert cls.__module__ == "infermesh"
     assert issubclass(infermesh.ResourceExhaustedError, infermesh.UnavailableError)
+
+
+def test_a_client_made_before_fork_refuses_in_the_child_and_a_new_one_works() -> None:
+    import os
+
+    parent = infermesh.Client("static://127.0.0.1:1")
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 only if both behave
+        code = 1
+        try:
+            try:
+                parent.infer("m", {"X": np.ones(1, np.float32)})
+            except infermesh.ClosedError:
+                child = infermesh.Client("static://127.0.0.1:1", max_attempts=1)
+                try:
+                    child.infer("m", {"X": np.ones(1, np.float32)}, timeout=5)
+                except infermesh.UnavailableError:
+                    code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    parent.close()
