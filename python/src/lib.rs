@@ -37,7 +37,7 @@ use infermesh_proto::inference::model_infer_request::{
 };
 use infermesh_proto::inference::{InferTensorContents, ModelInferRequest, ModelInferResponse};
 use infermesh_proto::registry::NodeState;
-use infermesh_proto::tensor::{DataType, element_count};
+use infermesh_proto::tensor::{DataType, echo, element_count};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -286,6 +286,8 @@ fn input_tensor(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<(InferInput
             format!("input names must be 1..={MAX_NAME_BYTES} bytes"),
         ));
     }
+    // Names are echoed in errors cut to the project's bound.
+    let shown = echo(&name);
     let array = tuple.get_item(1)?;
     let serialized: Option<(String, Vec<i64>)> = if tuple.len() == 4 {
         Some((tuple.get_item(2)?.extract()?, tuple.get_item(3)?.extract()?))
@@ -298,7 +300,7 @@ fn input_tensor(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<(InferInput
         iface.get_item(key)?.ok_or_else(|| {
             invalid(
                 py,
-                format!("input '{name}': __array_interface__ lacks '{key}'"),
+                format!("input '{shown}': __array_interface__ lacks '{key}'"),
             )
         })
     };
@@ -307,14 +309,14 @@ fn input_tensor(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<(InferInput
     if shape.len() > MAX_DIMS {
         return Err(invalid(
             py,
-            format!("input '{name}': at most {MAX_DIMS} dimensions"),
+            format!("input '{shown}': at most {MAX_DIMS} dimensions"),
         ));
     }
     if let Some(strides) = iface.get_item("strides")? {
         if !strides.is_none() {
             return Err(invalid(
                 py,
-                format!("input '{name}': the array must be C-contiguous"),
+                format!("input '{shown}': the array must be C-contiguous"),
             ));
         }
     }
@@ -322,27 +324,27 @@ fn input_tensor(py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<(InferInput
     let dtype = datatype_of(&typestr).ok_or_else(|| {
         invalid(
             py,
-            format!("input '{name}': unsupported dtype '{typestr}' (native-endian bool, int, uint or float)"),
+            format!("input '{shown}': unsupported dtype '{typestr}' (native-endian bool, int, uint or float)"),
         )
     })?;
     let elem = dtype.element_size().expect("fixed-size type");
     let len = element_count(&shape)
         .and_then(|n| n.checked_mul(elem))
-        .ok_or_else(|| invalid(py, format!("input '{name}': bad shape {shape:?}")))?;
+        .ok_or_else(|| invalid(py, format!("input '{shown}': bad shape {shape:?}")))?;
     let (datatype, shape) = match serialized {
         Some((d, tensor_shape)) => {
             let parsed = DataType::parse(&d)
-                .ok_or_else(|| invalid(py, format!("input '{name}': unknown datatype '{d}'")))?;
+                .ok_or_else(|| invalid(py, format!("input '{shown}': unknown datatype '{d}'")))?;
             if parsed != DataType::Bytes || dtype != DataType::Uint8 || shape.len() != 1 {
                 return Err(invalid(
                     py,
-                    format!("input '{name}': only BYTES is sent serialized, as uint8"),
+                    format!("input '{shown}': only BYTES is sent serialized, as uint8"),
                 ));
             }
             if tensor_shape.len() > MAX_DIMS || element_count(&tensor_shape).is_none() {
                 return Err(invalid(
                     py,
-                    format!("input '{name}': bad shape {tensor_shape:?}"),
+                    format!("input '{shown}': bad shape {tensor_shape:?}"),
                 ));
             }
             (parsed, tensor_shape)
@@ -450,7 +452,7 @@ fn outputs(resp: ModelInferResponse) -> Result<Vec<Output>, ClientError> {
     let mut out = Vec::with_capacity(resp.outputs.len());
     for o in resp.outputs {
         let dtype = DataType::parse(&o.datatype)
-            .ok_or_else(|| bad(format!("output '{}': unknown datatype", o.name)))?;
+            .ok_or_else(|| bad(format!("output '{}': unknown datatype", echo(&o.name))))?;
         let data = match raw.next() {
             Some(b) => b,
             None => o
@@ -458,14 +460,14 @@ fn outputs(resp: ModelInferResponse) -> Result<Vec<Output>, ClientError> {
                 .as_ref()
                 .and_then(|c| typed_to_raw(dtype, c))
                 .map(Bytes::from)
-                .ok_or_else(|| bad(format!("output '{}' has no contents", o.name)))?,
+                .ok_or_else(|| bad(format!("output '{}' has no contents", echo(&o.name))))?,
         };
         if let Some(elem) = dtype.element_size() {
             let want = element_count(&o.shape).and_then(|n| n.checked_mul(elem));
             if want != Some(data.len()) {
                 return Err(bad(format!(
                     "output '{}': {} bytes for shape {:?} of {}",
-                    o.name,
+                    echo(&o.name),
                     data.len(),
                     o.shape,
                     o.datatype
