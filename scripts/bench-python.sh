@@ -33,7 +33,7 @@ done
 printf '%-17s %9s %4s %9s %9s %9s %12s\n' mode size conc req/s 'p50 ms' 'p99 ms' 'cpu ms/call'
 for size in 1024 16777216; do
   for conc in 1 16; do
-    for mode in infermesh-shm infermesh-grpc tritonclient tritonclient-shm; do
+    for mode in infermesh-shm infermesh-async infermesh-grpc tritonclient tritonclient-shm; do
       "$venv/bin/python" scripts/bench_python.py "127.0.0.1:$oip" "$mode" "$size" "$conc" "$duration" |
         python3 -c '
 import json, sys

@@ -8,6 +8,8 @@ Modes:
 - infermesh-shm: `infermesh.Client` with the agent as its local node (the
   shared-memory path); one client shared by the threads.
 - infermesh-grpc: the same without `local_node` (tensors inline over gRPC).
+- infermesh-async: `infermesh.AsyncClient` with the agent as its local node,
+  CONCURRENCY tasks on one event loop in one thread.
 - tritonclient: `tritonclient.grpc.InferenceServerClient`, inline tensors,
   `set_data_from_numpy` / `as_numpy`; one client per thread.
 - tritonclient-shm: tritonclient with its own system shared memory
@@ -69,6 +71,53 @@ def make_call(mode: str, url: str, x: np.ndarray, index: int, shared: dict) -> C
     return call_shm
 
 
+def summary(mode: str, x: np.ndarray, concurrency: int, duration: float, lat: List[float], cpu: float) -> dict:
+    all_lat = np.array(lat)
+    return {
+        "mode": mode,
+        "size_bytes": x.nbytes,
+        "concurrency": concurrency,
+        "calls": int(all_lat.size),
+        "throughput_rps": all_lat.size / duration,
+        "p50_ms": float(np.percentile(all_lat, 50) * 1e3),
+        "p99_ms": float(np.percentile(all_lat, 99) * 1e3),
+        "cpu_ms_per_call": cpu * 1e3 / max(all_lat.size, 1),
+    }
+
+
+def run_async(url: str, x: np.ndarray, concurrency: int, duration: float, warmup: float) -> dict:
+    import asyncio
+
+    import infermesh
+
+    lat: List[float] = []
+
+    async def main() -> float:
+        async with infermesh.AsyncClient(f"static://{url}", local_node=url, max_attempts=1) as client:
+            out = await client.infer("identity", {"INPUT0": x}, outputs=["OUTPUT0"])
+            np.testing.assert_array_equal(out["OUTPUT0"], x)
+            begin = time.perf_counter()
+            warm_end = begin + warmup
+            end = warm_end + duration
+            cpu0 = time.process_time()
+
+            async def task() -> None:
+                while True:
+                    t0 = time.perf_counter()
+                    await client.infer("identity", {"INPUT0": x}, outputs=["OUTPUT0"])
+                    t1 = time.perf_counter()
+                    if t0 >= warm_end:
+                        lat.append(t1 - t0)
+                    if t1 >= end:
+                        return
+
+            await asyncio.gather(*(task() for _ in range(concurrency)))
+            return time.process_time() - cpu0
+
+    cpu = asyncio.run(main())
+    return summary("infermesh-async", x, concurrency, duration, lat, cpu)
+
+
 def main() -> None:
     url, mode, size, concurrency, duration = sys.argv[1:6]
     size, concurrency, duration = int(size), int(concurrency), float(duration)
@@ -83,6 +132,9 @@ def main() -> None:
         # (with more, an attempt past its per-attempt timeout would end the
         # call at once, as no other node is left to try).
         shared["client"] = infermesh.Client(f"static://{url}", local_node=local, max_attempts=1)
+    if mode == "infermesh-async":
+        print(json.dumps(run_async(url, x, concurrency, duration, warmup)))
+        return
     calls = [make_call(mode, url, x, i, shared) for i in range(concurrency)]
     for call in calls:
         np.testing.assert_array_equal(call(), x)
