@@ -129,13 +129,13 @@ def _deserialize_bytes(name: str, raw: np.ndarray, shape: Sequence[int]) -> np.n
         raise ServerError(f"output '{name}': {len(items)} BYTES elements for shape {list(shape)}") from None
 
 
-def _prepare(inputs: Mapping[str, Any]) -> List[tuple]:
+def _prepare(inputs: Mapping[str, Any]) -> List[Tuple[Any, ...]]:
     """The native layer's inputs: C-contiguous, native-endian arrays, read
     there without a copy (an array that already is one is not copied here
     either)."""
     if not isinstance(inputs, Mapping):
         raise _invalid("inputs must be a dict of name -> numpy array")
-    out: List[tuple] = []
+    out: List[Tuple[Any, ...]] = []
     for name, value in inputs.items():
         if not isinstance(name, str):
             raise _invalid(f"input names must be str, got {type(name).__name__}")
@@ -155,7 +155,7 @@ def _prepare(inputs: Mapping[str, Any]) -> List[tuple]:
     return out
 
 
-def _decode(outs: list) -> Dict[str, np.ndarray]:
+def _decode(outs: List[Tuple[str, str, List[int], Any]]) -> Dict[str, np.ndarray]:
     """Outputs as numpy arrays viewing the response's bytes (read-only)."""
     result: Dict[str, np.ndarray] = {}
     for name, datatype, shape, buf in outs:

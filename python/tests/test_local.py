@@ -139,3 +139,18 @@ def test_a_client_made_before_fork_refuses_in_the_child_and_a_new_one_works() ->
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     parent.close()
+
+
+def test_the_package_type_checks_strictly_against_its_stubs() -> None:
+    # The front is checked against `_native.pyi` as a user's code would be.
+    import pathlib
+    import subprocess
+    import sys
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "infermesh"
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(package)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

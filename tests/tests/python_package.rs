@@ -5,11 +5,12 @@
 //!
 //! The package is built once per run of this binary with maturin into a
 //! virtualenv beside the workspace's build (`target/py-infermesh`, created
-//! with maturin, numpy and pytest on first use), with the `dev` profile so
+//! with maturin, numpy, pytest and mypy on first use), with the `dev` profile so
 //! that it reuses the workspace's debug artifacts: `pip install ./python`,
 //! exactly as a user installs it, with `MATURIN_PEP517_ARGS=--profile dev`.
 //!
-//! - `test_local.py`: datatype mapping both ways, BYTES, argument checks.
+//! - `test_local.py`: datatype mapping both ways, BYTES, argument checks,
+//!   fork(), and `mypy --strict` of the package against its stubs.
 //! - `test_balance.py`, `test_errors.py`, `test_async.py` against three
 //!   agents in ZooKeeper and a slow one: every node gets traffic, each
 //!   answer is right, errors are the documented exceptions, `asyncio.gather`
@@ -38,7 +39,7 @@ fn workspace() -> &'static Path {
         .expect("workspace root")
 }
 
-/// Creates the venv (maturin, numpy, pytest) unless it is there, then
+/// Creates the venv (maturin, numpy, pytest, mypy) unless it is there, then
 /// builds and installs the package from `python/`.
 fn install() -> PathBuf {
     let venv = bin_dir().parent().expect("target dir").join("py-infermesh");
@@ -46,7 +47,7 @@ fn install() -> PathBuf {
     let python = bin.join("python");
     let ready = python.exists()
         && Command::new(&python)
-            .args(["-c", "import maturin, numpy, pytest"])
+            .args(["-c", "import maturin, numpy, pytest, mypy"])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
@@ -63,8 +64,9 @@ fn install() -> PathBuf {
                 "maturin>=1.5,<2",
                 "numpy",
                 "pytest",
+                "mypy",
             ]),
-            "pip install maturin numpy pytest",
+            "pip install maturin numpy pytest mypy",
         );
     }
     // maturin's PEP 517 hook runs the `maturin` binary from PATH.
