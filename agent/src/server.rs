@@ -383,7 +383,8 @@ async fn handle(
 }
 
 /// Sends `body` on `send`: data within the flow-control window (after the
-/// first [`EAGER_BYTES`]), then trailers.
+/// first [`EAGER_BYTES`]), in pieces no larger than the capacity h2 grants,
+/// then trailers.
 async fn pipe(mut body: FrontBody, mut send: SendStream<Bytes>) {
     let mut eager = EAGER_BYTES;
     loop {
@@ -407,21 +408,34 @@ async fn pipe(mut body: FrontBody, mut send: SendStream<Bytes>) {
             Some(Ok(frame)) => frame,
         };
         match frame.into_data() {
-            Ok(data) => {
-                let len = data.len();
-                if len > eager {
-                    send.reserve_capacity(len);
-                    while send.capacity() < len {
+            Ok(mut data) => {
+                if data.len() <= eager {
+                    eager -= data.len();
+                    if send.send_data(data, false).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                // Beyond the eager bytes, send what the window allows at a
+                // time: h2 never grants more capacity than its send buffer
+                // (400 KiB), so waiting for a whole larger frame would wait
+                // forever (a rewritten shared-memory response is one frame).
+                while !data.is_empty() {
+                    send.reserve_capacity(data.len());
+                    let granted = loop {
+                        let cap = send.capacity();
+                        if cap > 0 {
+                            break cap;
+                        }
                         match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
                             Some(Ok(_)) => {}
                             _ => return,
                         }
+                    };
+                    let chunk = data.split_to(granted.min(data.len()));
+                    if send.send_data(chunk, false).is_err() {
+                        return;
                     }
-                } else {
-                    eager -= len;
-                }
-                if send.send_data(data, false).is_err() {
-                    return;
                 }
             }
             Err(frame) => {

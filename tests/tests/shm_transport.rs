@@ -64,6 +64,32 @@ async fn the_client_library_uses_shared_memory_for_the_local_node() {
     assert_eq!(client.path_counters().get(Path::Grpc).attempts, 0);
 }
 
+/// Outputs not listed in the request come back inline, in the one response
+/// message the agent builds after the worker answers: larger than h2's send
+/// buffer (400 KiB), that message must still leave (it used to wait for a
+/// window h2 never grants, and the call hung).
+#[tokio::test]
+async fn a_large_inline_answer_to_a_shared_memory_request_is_delivered() {
+    let agent = Agent::builder().worker(testworker("")).start().await;
+    let client = local_client(&agent, PathsConfig::default()).await;
+    for rows in [8 << 10, 32 << 10] {
+        // 512 KiB and 2 MiB of FP32 each way.
+        let input = dense::input(rows, 3);
+        let req = dense::request(&input, true);
+        assert!(
+            req.outputs.is_empty(),
+            "no outputs listed: they come back inline"
+        );
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(120), client.infer(req))
+            .await
+            .expect("the call finishes instead of hanging")
+            .unwrap();
+        assert_eq!(dense::output(&resp).0, dense::forward(&input));
+    }
+    let shm = client.path_counters().get(Path::Shm);
+    assert_eq!((shm.attempts, shm.successes), (2, 2));
+}
+
 #[tokio::test]
 async fn the_client_falls_back_to_inline_grpc_when_no_region_can_be_created() {
     let agent = Agent::builder().worker(testworker("")).start().await;
