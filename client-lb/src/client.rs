@@ -440,7 +440,7 @@ impl Stack {
     }
 
     /// The time the attempt on `node` may take: while another attempt
-    /// could follow, the node's per-attempt timeout capped by half the
+    /// could follow (on another node), the node's per-attempt timeout capped by half the
     /// call's time left (so that one stalled node cannot use up the whole
     /// deadline); the last attempt, and one to a node with no latency
     /// sample yet, gets all the time left.
@@ -690,7 +690,12 @@ impl Client {
             let node = guard.node().to_string();
             attempts += 1;
             counted += 1;
-            let more = counted < config.max_attempts;
+            // Another attempt can follow only if the limit allows one and
+            // some other node could take it: with none (a one-node
+            // service), a per-attempt timeout would only fail the call
+            // early, so the attempt gets the whole time left.
+            let more = counted < config.max_attempts
+                && stack.lock().balancer.has_other(now(), &tried, &node, model);
             let timeout = stack
                 .attempt_timeout(&node, left, more)
                 .max(Duration::from_millis(1));

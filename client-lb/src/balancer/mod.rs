@@ -233,6 +233,23 @@ impl Balancer {
         self.on_response(now, &ticket.node, latency, outcome);
     }
 
+    /// Whether a request for `model` that has tried `exclude` and is now on
+    /// `node` could still go somewhere else: the caller's cue to hold an
+    /// attempt to its per-attempt timeout (another node can take over) or to
+    /// give it all the time left (none can).
+    pub fn has_other(
+        &self,
+        now: Instant,
+        exclude: &[NodeId],
+        node: &str,
+        model: Option<&str>,
+    ) -> bool {
+        let filter = Filter { exclude, model };
+        self.nodes
+            .iter()
+            .any(|n| n.id() != node && candidate(now, n, &filter, &self.config).is_some())
+    }
+
     /// `node` answered `NOT_FOUND` for `model`: it is no candidate for that
     /// model until its advertised models change.
     pub fn model_missing(&mut self, node: &str, model: &str) {
