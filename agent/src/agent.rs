@@ -73,9 +73,34 @@ pub enum RunError {
     /// advertise instead is known.
     #[error("no address to advertise: {0}")]
     Advertise(String),
+    /// The TLS certificate, key or client CA do not load.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The configured RDMA emulation could not start.
     #[error("cannot start the RDMA emulation: {0}")]
     Rdma(#[source] std::io::Error),
+}
+
+/// Serves `app` on `listener` (plain TCP or [`crate::tls::TlsListener`])
+/// on `tasks` until `stop`.
+fn serve_http<L>(
+    listener: L,
+    app: axum::Router,
+    what: &'static str,
+    stop: &CancellationToken,
+    tasks: &TaskTracker,
+) where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "{what} server failed");
+        }
+    });
 }
 
 /// Opens the configured GPU telemetry; on failure logs one line and runs
@@ -187,6 +212,13 @@ impl Agent {
     /// Binds, starts supervisors and servers; serves until [`Agent::stop`].
     pub async fn start(cfg: AgentConfig, launcher: Arc<dyn Launcher>) -> Result<Self, RunError> {
         let started = Instant::now();
+        let tls = cfg
+            .tls
+            .as_ref()
+            .map(crate::tls::ServerTls::load)
+            .transpose()
+            .map_err(RunError::Tls)?
+            .map(Arc::new);
         let bind = |addr, what| async move {
             TcpListener::bind(addr)
                 .await
@@ -302,6 +334,7 @@ impl Agent {
                     pool: Arc::clone(&pool),
                     rdma: rdma.as_ref().map(|r| r.kind().to_string()),
                     zone: rcfg.zone.clone(),
+                    tls: tls.is_some(),
                 };
                 background.spawn(registry::run(rcfg, advertised, phase_rx))
             });
@@ -385,8 +418,13 @@ impl Agent {
                 "open-file limit lowers the connection limit (raise `ulimit -n` for more)"
             );
         }
+        if let (Some(t), Some(s)) = (&tls, &cfg.tls) {
+            let (t, every, stop) = (Arc::clone(t), s.reload_interval, stop_background.clone());
+            background.spawn(async move { t.watch(every, stop).await });
+        }
         requests.spawn(server::serve(
             oip_listener,
+            tls.as_ref().map(|t| t.oip.clone()),
             oip,
             server_limits,
             on_close,
@@ -403,15 +441,23 @@ impl Agent {
                 token: cfg.admin_token.clone(),
                 phase: Arc::clone(&set_phase),
             };
-            let stop = stop_background.clone();
-            background.spawn(async move {
-                let served = axum::serve(admin_listener, admin::router(state))
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "admin server failed");
-                }
-            });
+            let app = admin::router(state);
+            match &tls {
+                None => serve_http(admin_listener, app, "admin", &stop_background, &background),
+                Some(t) => serve_http(
+                    crate::tls::TlsListener::new(
+                        admin_listener,
+                        t.admin.clone(),
+                        cfg.limits.handshake_timeout,
+                        stop_background.clone(),
+                        background.clone(),
+                    ),
+                    app,
+                    "admin",
+                    &stop_background,
+                    &background,
+                ),
+            }
         }
         if let Some(listener) = http_listener {
             let app = crate::http::router(
@@ -419,17 +465,25 @@ impl Agent {
                 cfg.max_message_bytes,
                 cfg.limits.call_timeout,
             );
-            let stop = stop_background.clone();
-            background.spawn(async move {
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "KServe HTTP server failed");
-                }
-            });
+            let what = "KServe HTTP";
+            match &tls {
+                None => serve_http(listener, app, what, &stop_background, &background),
+                Some(t) => serve_http(
+                    crate::tls::TlsListener::new(
+                        listener,
+                        t.http.clone(),
+                        cfg.limits.handshake_timeout,
+                        stop_background.clone(),
+                        background.clone(),
+                    ),
+                    app,
+                    what,
+                    &stop_background,
+                    &background,
+                ),
+            }
         }
-        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, workers = cfg.workers.len(), "agent serving");
+        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, tls = tls.is_some(), workers = cfg.workers.len(), "agent serving");
         Ok(Agent {
             cfg,
             pool,

@@ -78,6 +78,9 @@ pub struct RawConfig {
     /// Tensor transports the agent offers besides gRPC.
     #[serde(default)]
     pub transport: RawTransport,
+    /// TLS on every port.
+    #[serde(default)]
+    pub tls: RawTls,
     /// Directory relative paths in the file resolve against (the config
     /// file's directory); not read from the file.
     #[serde(skip)]
@@ -115,6 +118,26 @@ pub struct RawTransport {
     /// Add the standard ORCA load report (`endpoint-load-metrics-bin`) to
     /// every response beside the `infermesh-*` trailers (default true).
     pub orca: Option<bool>,
+}
+
+/// `[tls]`: TLS on the OIP, admin and KServe HTTP ports (see [`crate::tls`]).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// Certificate chain (PEM); with `key`, every port serves TLS only.
+    pub cert: Option<PathBuf>,
+    /// Private key of `cert` (PEM).
+    pub key: Option<PathBuf>,
+    /// CA of client certificates: set, every port requires one (mTLS).
+    pub client_ca: Option<PathBuf>,
+    /// DNS names (SANs) of the clients allowed on the data plane (OIP and
+    /// KServe HTTP ports); empty or absent: any client `client_ca` signed.
+    #[serde(default)]
+    pub allow_clients: Vec<String>,
+    /// How often the certificate and key files are read again (a rotated
+    /// Secret is picked up for new connections; open ones keep going).
+    #[serde(default, with = "humantime_serde")]
+    pub reload_interval: Option<Duration>,
 }
 
 /// `[queue]`.
@@ -320,6 +343,8 @@ pub struct AgentConfig {
     pub health: HealthConfig,
     /// The RDMA path.
     pub rdma: RdmaMode,
+    /// TLS on every port (`[tls]`), if configured.
+    pub tls: Option<crate::tls::TlsSettings>,
     /// The `infermesh` binary to start workers through (see
     /// [`crate::launch`]); set by the CLI, not read from the file.
     pub worker_shim: Option<PathBuf>,
@@ -489,6 +514,7 @@ impl AgentConfig {
             .admin_token_file
             .as_ref()
             .and_then(|p| read_token(&base_dir.join(p), &mut problems));
+        let tls = tls_config(&raw.tls, &base_dir, &mut problems);
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
         let registry = registry_config(&raw.registry, &base_dir, &mut problems);
@@ -589,11 +615,68 @@ impl AgentConfig {
                 admin_token,
                 health,
                 rdma,
+                tls,
                 worker_shim: None,
             }),
             _ => Err(ConfigError(problems)),
         }
     }
+}
+
+/// Checks `[tls]`, loading the files so that a bad certificate or key is
+/// a configuration error (exit 78, and `--check-config` shows it).
+fn tls_config(
+    raw: &RawTls,
+    base_dir: &Path,
+    problems: &mut Vec<String>,
+) -> Option<crate::tls::TlsSettings> {
+    let (cert, key) = match (&raw.cert, &raw.key) {
+        (Some(c), Some(k)) => (base_dir.join(c), base_dir.join(k)),
+        (None, None) => {
+            if raw.client_ca.is_some() || !raw.allow_clients.is_empty() {
+                problems.push("tls: client_ca and allow_clients need tls.cert and tls.key".into());
+            }
+            return None;
+        }
+        _ => {
+            problems.push("tls: give both cert and key (--tls-cert, --tls-key), or neither".into());
+            return None;
+        }
+    };
+    if !raw.allow_clients.is_empty() && raw.client_ca.is_none() {
+        problems.push("tls.allow_clients: needs tls.client_ca (client certificates)".into());
+    }
+    if raw.allow_clients.len() > crate::tls::MAX_ALLOWED_CLIENTS {
+        problems.push(format!(
+            "tls.allow_clients: {} names (at most {})",
+            raw.allow_clients.len(),
+            crate::tls::MAX_ALLOWED_CLIENTS
+        ));
+    }
+    for name in &raw.allow_clients {
+        if rustls::pki_types::DnsName::try_from(name.as_str()).is_err() {
+            problems.push(format!("tls.allow_clients: '{name}' is not a DNS name"));
+        }
+    }
+    let reload_interval = raw
+        .reload_interval
+        .unwrap_or(crate::tls::DEFAULT_RELOAD_INTERVAL);
+    if reload_interval < Duration::from_millis(100) || reload_interval > Duration::from_secs(3600) {
+        problems.push("tls.reload_interval: between 100ms and 1h".into());
+    }
+    let settings = crate::tls::TlsSettings {
+        cert,
+        key,
+        client_ca: raw.client_ca.as_ref().map(|c| base_dir.join(c)),
+        allow_clients: raw.allow_clients.clone(),
+        reload_interval,
+    };
+    if problems.is_empty() {
+        if let Err(e) = crate::tls::ServerTls::load(&settings) {
+            problems.push(e);
+        }
+    }
+    Some(settings)
 }
 
 fn sentinel_config(raw: &RawSentinel, problems: &mut Vec<String>) -> SentinelConfig {

@@ -11,7 +11,8 @@
 //! Modules form layers; a module only uses those above it in this list
 //! (docs/DECISIONS.md, "Agent core", says why):
 //!
-//! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`error`],
+//! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`tls`]
+//!    (certificates, reloaded; used by config to check them), [`error`],
 //!    [`deadline`], [`busy`].
 //! 2. **worker state** — [`state`] (the snapshot each worker's supervisor
 //!    publishes; everyone else only reads it), [`inbox`] (control messages
@@ -66,6 +67,7 @@ pub mod spawn;
 pub mod state;
 pub mod stream;
 pub mod supervisor;
+pub mod tls;
 pub mod trailer;
 pub mod upstream;
 pub mod worker_log;

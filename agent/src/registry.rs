@@ -36,6 +36,8 @@ pub struct Advertised {
     pub rdma: Option<String>,
     /// Zone advertised.
     pub zone: String,
+    /// Whether the ports serve TLS (`[tls]`).
+    pub tls: bool,
 }
 
 impl Advertise for Advertised {
@@ -71,6 +73,7 @@ impl Advertise for Advertised {
                 grpc: self.grpc.clone(),
                 admin: self.admin.clone(),
                 rdma: self.rdma.clone(),
+                tls: self.tls,
                 ..Default::default()
             },
             models: self

@@ -170,7 +170,7 @@ fn uri(addr: &str) -> String {
 
 async fn run(args: DrillArgs) -> i32 {
     let admin = match crate::ops::read_token(args.token_file.as_ref()) {
-        Ok(token) => crate::ops::connect(&args.admin, Duration::from_secs(5), token).await,
+        Ok(token) => crate::ops::connect(&args.admin, Duration::from_secs(5), token, None).await,
         Err(e) => Err(e),
     };
     let admin = match admin {

@@ -13,6 +13,7 @@
 //! - [`load`]: the load report an agent attaches to every response's trailers.
 //! - [`registry`]: the `NodeRecord` agents advertise in ZooKeeper and the
 //!   registry URL (`zk://...`, `static://...`).
+//! - [`tls`]: TLS files, the client side of TLS connections to agents.
 //!
 //! Protos are compiled by the pure-Rust `protox` (no `protoc` anywhere);
 //! tensor payloads (`raw_input_contents`, `raw_output_contents`) are
@@ -24,6 +25,7 @@ pub mod load;
 pub mod rdma;
 pub mod registry;
 pub mod tensor;
+pub mod tls;
 
 /// The Open Inference Protocol (`inference` package).
 #[allow(clippy::all, missing_docs)]

@@ -77,6 +77,12 @@ pub struct Endpoints {
     pub grpc: String,
     /// Admin address.
     pub admin: String,
+    /// The gRPC and admin endpoints (and KServe HTTP) serve TLS only
+    /// (issue 13): connect with TLS, verifying the certificate against the
+    /// address's IP or the record's `host`. Absent (false) in records of
+    /// agents without TLS and of older agents.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
     /// QUIC endpoint, when advertised (transport issue).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<String>,
