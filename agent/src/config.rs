@@ -1089,6 +1089,53 @@ mod tests {
     }
 
     #[test]
+    fn tls_section_is_checked() {
+        let dir = std::env::temp_dir().join(format!("infermesh-config-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["agent.test".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("c.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("k.pem"), key.serialize_pem()).unwrap();
+        let cfg = |text: &str| {
+            let mut raw =
+                RawConfig::from_toml(&format!("[[workers]]\ncommand = \"w\"\n{text}")).unwrap();
+            raw.base_dir = Some(dir.clone());
+            AgentConfig::from_raw(raw)
+        };
+        assert!(cfg("").unwrap().tls.is_none());
+        let ok = cfg("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\nallow_clients = [\"a.test\"]")
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(ok.cert, dir.join("c.pem"));
+        assert_eq!(ok.allow_clients, ["a.test"]);
+        assert_eq!(ok.reload_interval, crate::tls::DEFAULT_RELOAD_INTERVAL);
+        for (text, needle) in [
+            ("[tls]\ncert = \"c.pem\"", "both cert and key"),
+            ("[tls]\nclient_ca = \"c.pem\"", "need tls.cert"),
+            (
+                "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nallow_clients = [\"a.test\"]",
+                "needs tls.client_ca",
+            ),
+            (
+                "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\nallow_clients = [\"not a name\"]",
+                "not a DNS name",
+            ),
+            (
+                "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nreload_interval = \"1ms\"",
+                "reload_interval",
+            ),
+            ("[tls]\ncert = \"k.pem\"\nkey = \"k.pem\"", "no CERTIFICATE"),
+        ] {
+            let text = cfg(text).unwrap_err().to_string();
+            assert!(text.contains(needle), "missing '{needle}' in {text}");
+        }
+    }
+
+    #[test]
     fn rejects_unknown_fields() {
         let err = RawConfig::from_toml("listn = \"x\"").unwrap_err();
         assert!(err.to_string().contains("listn"), "{err}");

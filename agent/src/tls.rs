@@ -339,3 +339,93 @@ impl axum::serve::Listener for TlsListener {
         Ok(self.local)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, KeyPair};
+
+    /// A self-signed certificate for `name` and its key, as PEM files in `dir`.
+    fn pair(dir: &std::path::Path, file: &str, name: &str) -> (PathBuf, PathBuf, Vec<u8>) {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec![name.to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (c, k) = (
+            dir.join(format!("{file}.pem")),
+            dir.join(format!("{file}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k, cert.der().to_vec())
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("infermesh-agent-tls-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn settings(cert: PathBuf, key: PathBuf) -> TlsSettings {
+        TlsSettings {
+            cert,
+            key,
+            client_ca: None,
+            allow_clients: vec![],
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
+        }
+    }
+
+    #[test]
+    fn reload_swaps_a_valid_new_pair_and_keeps_the_old_one_otherwise() {
+        let dir = scratch("reload");
+        let (cert, key, first) = pair(&dir, "a", "agent.test");
+        let tls = ServerTls::load(&settings(cert.clone(), key.clone())).unwrap();
+        let current = || tls.certs.current.load().cert[0].to_vec();
+        assert_eq!(current(), first);
+        assert!(!tls.reload().unwrap(), "unchanged files: nothing to do");
+
+        // A new key whose certificate has not been written yet: refused, the
+        // old pair stays.
+        let (_, other_key, _) = pair(&dir, "b", "agent.test");
+        std::fs::copy(&other_key, &key).unwrap();
+        let err = tls.reload().unwrap_err();
+        assert!(err.contains("does not go with"), "{err}");
+        assert_eq!(current(), first);
+
+        // Then the certificate: the new pair is used.
+        std::fs::copy(dir.join("b.pem"), &cert).unwrap();
+        assert!(tls.reload().unwrap());
+        assert_ne!(current(), first);
+
+        // A half-written file: refused, the pair stays.
+        std::fs::write(&cert, b"-----BEGIN CERTIFICATE-----\nAAAA").unwrap();
+        assert!(tls.reload().is_err());
+        assert_ne!(current(), first);
+    }
+
+    #[test]
+    fn load_errors_name_the_file() {
+        let dir = scratch("errors");
+        let (cert, key, _) = pair(&dir, "a", "agent.test");
+        let missing = dir.join("missing.pem");
+        let err = ServerTls::load(&settings(missing, key.clone()))
+            .err()
+            .unwrap();
+        assert!(err.starts_with("tls.cert: cannot read"), "{err}");
+        let err = ServerTls::load(&settings(key.clone(), key.clone()))
+            .err()
+            .unwrap();
+        assert!(err.contains("no CERTIFICATE"), "{err}");
+        let err = ServerTls::load(&settings(cert.clone(), cert.clone()))
+            .err()
+            .unwrap();
+        assert!(err.contains("no private key"), "{err}");
+        let big = dir.join("big.pem");
+        std::fs::write(&big, vec![b'A'; infermesh_proto::tls::MAX_PEM_BYTES + 1]).unwrap();
+        let err = ServerTls::load(&settings(big, key)).err().unwrap();
+        assert!(err.contains("over"), "{err}");
+    }
+}

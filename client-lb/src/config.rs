@@ -514,6 +514,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tls_section_is_checked() {
+        let text = ClientConfig::from_toml("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("tls: a TLS client certificate needs the CA"),
+            "{text}"
+        );
+        let text = ClientConfig::from_toml("[tls]\nca = \"/nonexistent/ca.pem\"")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("cannot read /nonexistent/ca.pem"), "{text}");
+    }
+
+    #[test]
     fn example_file_holds_the_documented_defaults() {
         let cfg = ClientConfig::from_toml(include_str!("../../configs/client.toml")).unwrap();
         // The example writes out every default: it must agree with the library.

@@ -393,6 +393,27 @@ mod tests {
     }
 
     #[test]
+    fn the_tls_flag_is_additive() {
+        let plain = record();
+        let json = String::from_utf8(plain.to_json()).unwrap();
+        assert!(!json.contains("\"tls\""), "left out when false: {json}");
+        assert!(
+            !NodeRecord::from_json(json.as_bytes(), "gpu-1")
+                .unwrap()
+                .endpoints
+                .tls
+        );
+        let mut tls = record();
+        tls.endpoints.tls = true;
+        let json = tls.to_json();
+        assert!(NodeRecord::from_json(&json, "gpu-1").unwrap().endpoints.tls);
+        let bad = String::from_utf8(json)
+            .unwrap()
+            .replace("\"tls\":true", "\"tls\":\"yes\"");
+        assert!(NodeRecord::from_json(bad.as_bytes(), "gpu-1").is_err());
+    }
+
+    #[test]
     fn other_major_versions_are_refused_as_such() {
         // A schema-2 record whose fields no longer fit schema 1.
         let v2 = br#"{"schema":2,"node_id":"gpu-1","state":{"phase":"up"},"endpoints":["x"]}"#;

@@ -325,3 +325,130 @@ impl tower::Service<http::Uri> for TlsConnector {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+
+    /// A CA (PEM) and a server certificate it signed for `sans`, as a
+    /// rustls server config offering `h2`.
+    fn ca_and_server(sans: &[&str]) -> (String, Arc<rustls::ServerConfig>) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let names: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        let cert = CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let pair = certified_key(cert.pem().as_bytes(), key.serialize_pem().as_bytes()).unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                pair.cert.clone(),
+                parse_key(key.serialize_pem().as_bytes(), "key").unwrap(),
+            )
+            .unwrap();
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        (ca_pem, Arc::new(config))
+    }
+
+    /// Serves TLS handshakes on a loopback port; returns the port.
+    async fn server(config: Arc<rustls::ServerConfig>) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut tls) = acceptor.accept(tcp).await {
+                        use tokio::io::AsyncReadExt;
+                        let mut buf = [0u8; 1];
+                        let _ = tls.read(&mut buf).await;
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn the_agent_is_verified_by_its_ip_or_by_the_records_host_name() {
+        // A certificate with an IP SAN: dialling that IP verifies.
+        let (ca, config) = ca_and_server(&["127.0.0.1"]);
+        let tls = ClientTls::from_pem(ca.as_bytes(), None).unwrap();
+        let port = server(config).await;
+        TlsConnector::new(&tls, None)
+            .connect("127.0.0.1", port)
+            .await
+            .unwrap();
+
+        // A certificate naming only the host: the IP fails, unless the
+        // record's host name is given as the second name.
+        let (ca, config) = ca_and_server(&["gpu-7.example"]);
+        let tls = ClientTls::from_pem(ca.as_bytes(), None).unwrap();
+        let port = server(config).await;
+        let err = TlsConnector::new(&tls, None)
+            .connect("127.0.0.1", port)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not valid for name"), "{err}");
+        TlsConnector::new(&tls, Some("gpu-7.example"))
+            .connect("127.0.0.1", port)
+            .await
+            .unwrap();
+        let err = TlsConnector::new(&tls, Some("gpu-8.example"))
+            .connect("127.0.0.1", port)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not valid for name"), "{err}");
+    }
+
+    #[test]
+    fn client_files_are_checked() {
+        let err = TlsFiles {
+            cert: Some("c.pem".into()),
+            ..Default::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(err.contains("needs the CA"), "{err}");
+        assert!(TlsFiles::default().load().unwrap().is_none());
+        let dir = std::env::temp_dir().join(format!("infermesh-proto-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, _) = ca_and_server(&["127.0.0.1"]);
+        std::fs::write(dir.join("ca.pem"), ca).unwrap();
+        let err = TlsFiles {
+            ca: Some(dir.join("ca.pem")),
+            key: Some(dir.join("ca.pem")),
+            ..Default::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(err.contains("both"), "{err}");
+        let err = TlsFiles {
+            ca: Some(dir.join("nope.pem")),
+            ..Default::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(err.contains("cannot read"), "{err}");
+        assert!(
+            TlsFiles {
+                ca: Some(dir.join("ca.pem")),
+                ..Default::default()
+            }
+            .load()
+            .unwrap()
+            .is_some()
+        );
+    }
+}
