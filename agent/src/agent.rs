@@ -230,6 +230,10 @@ impl Agent {
             Some(a) => Some(bind(a, "KServe HTTP").await?),
             None => None,
         };
+        let probe_listener = match cfg.tls.as_ref().and_then(|t| t.probe_listen) {
+            Some(a) => Some(bind(a, "probes").await?),
+            None => None,
+        };
         let http_listen = http_listener.as_ref().and_then(|l| l.local_addr().ok());
         let (listen, admin_listen) = (
             oip_listener.local_addr().unwrap_or(cfg.listen),
@@ -441,6 +445,10 @@ impl Agent {
                 token: cfg.admin_token.clone(),
                 phase: Arc::clone(&set_phase),
             };
+            if let Some(listener) = probe_listener {
+                let app = admin::probe_router(state.clone());
+                serve_http(listener, app, "probe", &stop_background, &background);
+            }
             let app = admin::router(state);
             match &tls {
                 None => serve_http(admin_listener, app, "admin", &stop_background, &background),

@@ -138,6 +138,10 @@ pub struct RawTls {
     /// Secret is picked up for new connections; open ones keep going).
     #[serde(default, with = "humantime_serde")]
     pub reload_interval: Option<Duration>,
+    /// A plaintext address serving only `/livez` and `/readyz`, for
+    /// Kubernetes probes when `client_ca` is set (the kubelet presents no
+    /// client certificate; without `client_ca`, probes use `scheme: HTTPS`).
+    pub probe_listen: Option<String>,
 }
 
 /// `[queue]`.
@@ -664,12 +668,22 @@ fn tls_config(
     if reload_interval < Duration::from_millis(100) || reload_interval > Duration::from_secs(3600) {
         problems.push("tls.reload_interval: between 100ms and 1h".into());
     }
+    let probe_listen = raw.probe_listen.as_ref().and_then(|p| match p.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            problems.push(format!(
+                "tls.probe_listen: '{p}' is not an address like 0.0.0.0:8003"
+            ));
+            None
+        }
+    });
     let settings = crate::tls::TlsSettings {
         cert,
         key,
         client_ca: raw.client_ca.as_ref().map(|c| base_dir.join(c)),
         allow_clients: raw.allow_clients.clone(),
         reload_interval,
+        probe_listen,
     };
     if problems.is_empty() {
         if let Err(e) = crate::tls::ServerTls::load(&settings) {

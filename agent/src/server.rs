@@ -273,12 +273,8 @@ async fn connection(
     match tls {
         None => serve_connection(io, info, oip, limits, shutdown).await,
         Some(acceptor) => {
-            match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(io)).await {
-                Ok(Ok(tls)) => serve_connection(tls, info, oip, limits, shutdown).await,
-                Ok(Err(e)) => {
-                    tracing::debug!(conn = id, remote = ?info.remote, error = %e, "TLS handshake failed")
-                }
-                Err(_) => tracing::debug!(conn = id, "TLS handshake timed out"),
+            if let Some(tls) = crate::tls::accept(&acceptor, io, limits.handshake_timeout).await {
+                serve_connection(tls, info, oip, limits, shutdown).await;
             }
         }
     }

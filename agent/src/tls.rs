@@ -48,6 +48,8 @@ pub struct TlsSettings {
     pub allow_clients: Vec<String>,
     /// How often the certificate files are read again.
     pub reload_interval: Duration,
+    /// Plaintext `/livez` + `/readyz` only (Kubernetes probes under mTLS).
+    pub probe_listen: Option<std::net::SocketAddr>,
 }
 
 /// Default `[tls] reload_interval`.
@@ -256,6 +258,57 @@ impl ClientCertVerifier for AllowList {
     }
 }
 
+/// Accepts a TLS connection on `io` within `timeout`. A failed handshake
+/// closes the connection gently (FIN, then what the client already sent is
+/// read and dropped for a moment) so that the alert saying why —
+/// `CertificateRequired`, `UnknownCA` — reaches the client instead of being
+/// lost to a TCP reset.
+pub async fn accept<IO>(
+    acceptor: &TlsAcceptor,
+    io: IO,
+    timeout: Duration,
+) -> Option<tokio_rustls::server::TlsStream<IO>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(timeout, acceptor.accept(io).into_fallible()).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err((e, io))) => {
+            tracing::debug!(error = %e, "TLS handshake failed");
+            linger(io).await;
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// How long a refused connection is drained before it is dropped.
+const LINGER: Duration = Duration::from_millis(500);
+/// Most bytes read from a refused connection.
+const LINGER_BYTES: usize = 256 << 10;
+
+async fn linger<IO>(mut io: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let drain = async {
+        let _ = io.shutdown().await;
+        let mut buf = [0u8; 4096];
+        let mut total = 0;
+        while total < LINGER_BYTES {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
 /// An axum listener serving TLS: the handshakes run in their own tasks
 /// (bounded by `timeout`), so one slow client does not hold up the others;
 /// at most `max_pending` handshakes run at once.
@@ -306,14 +359,8 @@ impl TlsListener {
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 spawner.spawn(async move {
                     let _permit = permit;
-                    match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, remote)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%remote, error = %e, "TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+                    if let Some(tls) = accept(&acceptor, tcp, timeout).await {
+                        let _ = tx.send((tls, remote)).await;
                     }
                 });
             }
@@ -375,6 +422,7 @@ mod tests {
             client_ca: None,
             allow_clients: vec![],
             reload_interval: DEFAULT_RELOAD_INTERVAL,
+            probe_listen: None,
         }
     }
 

@@ -130,9 +130,10 @@ async fn wait_ready_tls(agent: &Agent, tls: &ClientTls, workers: usize) {
 async fn mtls_refuses_plaintext_anonymous_unlisted_and_untrusting_clients() {
     let dir = scratch("refusals");
     let c = certs(&dir);
+    let probes = format!("127.0.0.1:{}", free_port());
     let agent = Agent::builder()
         .config(format!(
-            "{}\n[[workers]]\ncommand = \"{}\"\n",
+            "{}probe_listen = \"{probes}\"\n[[workers]]\ncommand = \"{}\"\n",
             tls_section(&c, true),
             testworker("")
         ))
@@ -177,6 +178,24 @@ async fn mtls_refuses_plaintext_anonymous_unlisted_and_untrusting_clients() {
         .into_inner();
     assert_eq!(status.workers.len(), 1);
 
+    // Kubernetes probes: plaintext /livez and /readyz on probe_listen, and
+    // nothing else there.
+    assert!(
+        http_get(&probes, "/livez")
+            .await
+            .starts_with("HTTP/1.0 200")
+    );
+    assert!(
+        http_get(&probes, "/readyz")
+            .await
+            .starts_with("HTTP/1.0 200")
+    );
+    assert!(
+        http_get(&probes, "/metrics")
+            .await
+            .starts_with("HTTP/1.0 404")
+    );
+
     // A client trusting another CA refuses the agent.
     let other = Pki::new(&dir, "other");
     let stranger = client_tls(&other.ca_file("other"), Some(&c.trainer));
@@ -204,6 +223,18 @@ async fn mtls_refuses_plaintext_anonymous_unlisted_and_untrusting_clients() {
     })
     .await;
     assert!(err.contains("NotValidForName"), "{err}");
+}
+
+/// A plaintext HTTP/1.0 GET; the whole response.
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
 }
 
 #[tokio::test]
