@@ -277,11 +277,16 @@ async fn resolve_any(args: &NodeArgs) -> Result<Target, OpsError> {
         });
     }
     if args.local {
+        // The loopback address is rarely in a node's certificate; its host
+        // name may be.
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string());
         return Ok(Target {
             name: "local".into(),
             admin: LOCAL_ADMIN.into(),
             tls: direct_tls,
-            host: None,
+            host,
         });
     }
     let Some(node) = args.node.clone() else {
