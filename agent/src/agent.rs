@@ -170,6 +170,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     listen: SocketAddr,
     admin_listen: SocketAddr,
+    quic_listen: Option<SocketAddr>,
     requests: TaskTracker,
     background: TaskTracker,
     stop_workers: CancellationToken,
@@ -209,6 +210,11 @@ impl Agent {
         self.admin_listen
     }
 
+    /// Where the QUIC rung listens (UDP), when on.
+    pub fn quic_listen(&self) -> Option<SocketAddr> {
+        self.quic_listen
+    }
+
     /// Binds, starts supervisors and servers; serves until [`Agent::stop`].
     pub async fn start(cfg: AgentConfig, launcher: Arc<dyn Launcher>) -> Result<Self, RunError> {
         let started = Instant::now();
@@ -234,6 +240,27 @@ impl Agent {
             Some(a) => Some(bind(a, "probes").await?),
             None => None,
         };
+        let quic_limits = crate::quic::QuicLimits {
+            max_connections: cfg.limits.max_connections,
+            max_streams: cfg.limits.max_concurrent_streams,
+            max_message_bytes: cfg.max_message_bytes,
+            idle_timeout: cfg.limits.idle_timeout,
+            read_timeout: cfg.limits.read_timeout,
+        };
+        let quic_endpoint = match (&cfg.quic, &tls) {
+            (Some(at), Some(t)) => {
+                let addr = at.unwrap_or_else(|| oip_listener.local_addr().unwrap_or(cfg.listen));
+                Some(
+                    crate::quic::bind(addr, t, &quic_limits).map_err(|source| RunError::Bind {
+                        addr,
+                        what: "QUIC (UDP)",
+                        source,
+                    })?,
+                )
+            }
+            _ => None,
+        };
+        let quic_listen = quic_endpoint.as_ref().and_then(|e| e.local_addr().ok());
         let http_listen = http_listener.as_ref().and_then(|l| l.local_addr().ok());
         let (listen, admin_listen) = (
             oip_listener.local_addr().unwrap_or(cfg.listen),
@@ -339,6 +366,7 @@ impl Agent {
                     rdma: rdma.as_ref().map(|r| r.kind().to_string()),
                     zone: rcfg.zone.clone(),
                     tls: tls.is_some(),
+                    quic: quic_listen.map(|q| SocketAddr::new(grpc.ip(), q.port()).to_string()),
                 };
                 background.spawn(registry::run(rcfg, advertised, phase_rx))
             });
@@ -426,6 +454,16 @@ impl Agent {
             let (t, every, stop) = (Arc::clone(t), s.reload_interval, stop_background.clone());
             background.spawn(async move { t.watch(every, stop).await });
         }
+        if let Some(endpoint) = quic_endpoint {
+            requests.spawn(crate::quic::serve(
+                endpoint,
+                front.clone(),
+                Arc::clone(&pool),
+                quic_limits,
+                port.clone(),
+                requests.clone(),
+            ));
+        }
         requests.spawn(server::serve(
             oip_listener,
             tls.as_ref().map(|t| t.oip.clone()),
@@ -491,13 +529,14 @@ impl Agent {
                 ),
             }
         }
-        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, tls = tls.is_some(), workers = cfg.workers.len(), "agent serving");
+        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, quic_listen = ?quic_listen, tls = tls.is_some(), workers = cfg.workers.len(), "agent serving");
         Ok(Agent {
             cfg,
             pool,
             metrics,
             listen,
             admin_listen,
+            quic_listen,
             requests,
             background,
             stop_workers,

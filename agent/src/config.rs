@@ -118,6 +118,10 @@ pub struct RawTransport {
     /// Add the standard ORCA load report (`endpoint-load-metrics-bin`) to
     /// every response beside the `infermesh-*` trailers (default true).
     pub orca: Option<bool>,
+    /// The QUIC rung: `on` or `off` (default `off`); needs `[tls]`.
+    pub quic: Option<String>,
+    /// UDP address of the QUIC rung. Default: the OIP address (same port, UDP).
+    pub quic_listen: Option<String>,
 }
 
 /// `[tls]`: TLS on the OIP, admin and KServe HTTP ports (see [`crate::tls`]).
@@ -349,6 +353,9 @@ pub struct AgentConfig {
     pub rdma: RdmaMode,
     /// TLS on every port (`[tls]`), if configured.
     pub tls: Option<crate::tls::TlsSettings>,
+    /// The QUIC rung (`[transport] quic = "on"`): its UDP address, `None`
+    /// for the OIP address.
+    pub quic: Option<Option<SocketAddr>>,
     /// The `infermesh` binary to start workers through (see
     /// [`crate::launch`]); set by the CLI, not read from the file.
     pub worker_shim: Option<PathBuf>,
@@ -519,6 +526,34 @@ impl AgentConfig {
             .as_ref()
             .and_then(|p| read_token(&base_dir.join(p), &mut problems));
         let tls = tls_config(&raw.tls, &base_dir, &mut problems);
+        let quic = match raw.transport.quic.as_deref() {
+            None | Some("off") => None,
+            Some("on") => {
+                if tls.is_none() {
+                    problems.push(
+                        "transport.quic: QUIC is TLS 1.3 only: set tls.cert and tls.key".into(),
+                    );
+                }
+                let listen = raw
+                    .transport
+                    .quic_listen
+                    .as_ref()
+                    .and_then(|q| match q.parse() {
+                        Ok(a) => Some(a),
+                        Err(_) => {
+                            problems.push(format!(
+                                "transport.quic_listen: '{q}' is not an address like 0.0.0.0:8001"
+                            ));
+                            None
+                        }
+                    });
+                Some(listen)
+            }
+            Some(other) => {
+                problems.push(format!("transport.quic: '{other}' is not on or off"));
+                None
+            }
+        };
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
         let registry = registry_config(&raw.registry, &base_dir, &mut problems);
@@ -620,6 +655,7 @@ impl AgentConfig {
                 health,
                 rdma,
                 tls,
+                quic,
                 worker_shim: None,
             }),
             _ => Err(ConfigError(problems)),

@@ -29,7 +29,7 @@
 //! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
-//!    [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
+//!    [`quic`] (the QUIC rung), [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
 //!    (KServe v2 HTTP/REST), [`trailer`]
 //!    (load report), [`admin`].
 //! 7. [`agent::run`]: wiring, serving, ordered shutdown.
@@ -59,6 +59,7 @@ pub mod models;
 pub mod output;
 pub mod pdeathsig;
 pub mod pool;
+pub mod quic;
 pub mod rdma;
 pub mod registry;
 pub mod server;

@@ -38,6 +38,8 @@ pub struct Advertised {
     pub zone: String,
     /// Whether the ports serve TLS (`[tls]`).
     pub tls: bool,
+    /// The QUIC rung's address, when offered.
+    pub quic: Option<String>,
 }
 
 impl Advertise for Advertised {
@@ -74,6 +76,7 @@ impl Advertise for Advertised {
                 admin: self.admin.clone(),
                 rdma: self.rdma.clone(),
                 tls: self.tls,
+                quic: self.quic.clone(),
                 ..Default::default()
             },
             models: self

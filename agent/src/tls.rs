@@ -64,6 +64,9 @@ pub struct ServerTls {
     pub http: TlsAcceptor,
     /// The admin port (`h2`, `http/1.1`; any client certificate the CA signed).
     pub admin: TlsAcceptor,
+    /// The QUIC rung (TLS 1.3 only, ALPN [`infermesh_proto::quic::ALPN`];
+    /// allow-list applies).
+    pub quic: Arc<ServerConfig>,
 }
 
 impl ServerTls {
@@ -95,22 +98,33 @@ impl ServerTls {
                 (Some(data), Some(verifier))
             }
         };
-        let config = |verifier: Option<Arc<dyn ClientCertVerifier>>, alpn: &[&[u8]]| {
-            let builder = ServerConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default versions");
-            let builder = match verifier {
-                Some(v) => builder.with_client_cert_verifier(v),
-                None => builder.with_no_client_auth(),
+        let server_config =
+            |verifier: Option<Arc<dyn ClientCertVerifier>>,
+             alpn: &[&[u8]],
+             versions: &[&'static rustls::SupportedProtocolVersion]| {
+                let builder = ServerConfig::builder_with_provider(provider())
+                    .with_protocol_versions(versions)
+                    .expect("ring supports TLS 1.2 and 1.3");
+                let builder = match verifier {
+                    Some(v) => builder.with_client_cert_verifier(v),
+                    None => builder.with_no_client_auth(),
+                };
+                let mut config = builder.with_cert_resolver(Arc::clone(&certs) as _);
+                config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+                Arc::new(config)
             };
-            let mut config = builder.with_cert_resolver(Arc::clone(&certs) as _);
-            config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-            TlsAcceptor::from(Arc::new(config))
-        };
+        let all = rustls::DEFAULT_VERSIONS;
+        let config =
+            |verifier, alpn: &[&[u8]]| TlsAcceptor::from(server_config(verifier, alpn, all));
         Ok(Self {
             oip: config(data.clone(), &[ALPN_H2]),
-            http: config(data, &[ALPN_H2, ALPN_HTTP1]),
+            http: config(data.clone(), &[ALPN_H2, ALPN_HTTP1]),
             admin: config(admin, &[ALPN_H2, ALPN_HTTP1]),
+            quic: server_config(
+                data,
+                &[infermesh_proto::quic::ALPN],
+                &[&rustls::version::TLS13],
+            ),
             certs,
         })
     }

@@ -75,8 +75,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     wait_ready: Duration,
     /// Move tensors on this transport (with one --target, through the client
-    /// library with the target as the local node): shm (shared memory, falls
-    /// back to grpc if it breaks), grpc (inline), auto (the ladder's choice).
+    /// library with the target as the local node; or with --registry): shm
+    /// (shared memory, falls back to grpc if it breaks), quic (a QUIC stream
+    /// per request, with --registry and --tls-ca: falls back to grpc), grpc
+    /// (inline), auto (the ladder's choice).
     /// Lists OUTPUT0 as a requested output, so outputs take the same path;
     /// use `--model identity` to move the same bytes both ways. Also measures
     /// a plain memcpy of the same size as the physical limit.
@@ -97,6 +99,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum TransportArg {
     Shm,
+    Quic,
     Grpc,
     Auto,
 }
@@ -106,6 +109,7 @@ impl TransportArg {
         use infermesh_transport::Path;
         let prefer = match self {
             TransportArg::Shm => vec![Path::Shm, Path::Grpc],
+            TransportArg::Quic => vec![Path::Quic, Path::Grpc],
             TransportArg::Grpc => vec![Path::Grpc],
             TransportArg::Auto => return infermesh_client::PathsConfig::default(),
         };
@@ -368,6 +372,9 @@ async fn run(args: BenchArgs) -> i32 {
             }
             if let Some(t) = &tls {
                 builder = builder.tls(t.clone());
+            }
+            if let Some(transport) = args.transport {
+                builder = builder.transports(transport.paths());
             }
             match builder.build().await {
                 Ok(c) => {

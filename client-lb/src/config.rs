@@ -191,7 +191,7 @@ pub struct ClientConfig {
     /// TLS to agents that serve it (`[tls]` or the environment), loaded.
     pub tls: Option<infermesh_proto::tls::ClientTls>,
     /// Transport ladder, applied with [`ClientBuilder::transports`]
-    /// (`quic` is accepted and skipped: not implemented).
+    /// (`quic` is used with nodes that advertise it when TLS is configured).
     pub transport: TransportConfig,
 }
 
@@ -366,16 +366,15 @@ impl ClientConfig {
         if let Some(seed) = self.seed {
             builder = builder.seed(seed);
         }
-        // QUIC has no implementation yet: it is accepted and skipped.
         let prefer = self
             .transport
             .prefer
             .iter()
-            .filter_map(|k| match k {
-                TransportKind::Shm => Some(infermesh_transport::Path::Shm),
-                TransportKind::Rdma => Some(infermesh_transport::Path::Rdma),
-                TransportKind::Grpc => Some(infermesh_transport::Path::Grpc),
-                TransportKind::Quic => None,
+            .map(|k| match k {
+                TransportKind::Shm => infermesh_transport::Path::Shm,
+                TransportKind::Rdma => infermesh_transport::Path::Rdma,
+                TransportKind::Grpc => infermesh_transport::Path::Grpc,
+                TransportKind::Quic => infermesh_transport::Path::Quic,
             })
             .collect();
         builder.transports(crate::PathsConfig {

@@ -98,6 +98,11 @@ pub struct Peer {
     pub grpc_addr: String,
     /// Its gRPC endpoint serves TLS (the connection is TLS).
     pub tls: bool,
+    /// Its QUIC endpoint, when it offers one and this client has TLS
+    /// settings (QUIC is TLS only).
+    pub quic: Option<std::net::SocketAddr>,
+    /// Its host name from the record, a second name its certificate may carry.
+    pub host: Option<String>,
     /// The connection to it (the RDMA control path uses it too).
     pub channel: Channel,
     client: GrpcInferenceServiceClient<Channel>,
@@ -131,6 +136,13 @@ impl Peer {
             rdma: record.endpoints.rdma.is_some(),
             grpc_addr: record.endpoints.grpc.clone(),
             tls: tls.is_some(),
+            quic: record
+                .endpoints
+                .quic
+                .as_deref()
+                .filter(|_| tls.is_some())
+                .and_then(|q| q.parse().ok()),
+            host: host.map(str::to_string),
             channel,
             client,
         })
@@ -142,6 +154,8 @@ impl Peer {
         self.grpc_addr == record.endpoints.grpc
             && self.rdma == record.endpoints.rdma.is_some()
             && self.tls == record.endpoints.tls
+            && self.quic.map(|q| q.to_string()).as_deref()
+                == record.endpoints.quic.as_deref().filter(|_| self.tls)
     }
 
     /// A handle on the inference service of the node.
@@ -394,6 +408,11 @@ impl Fallback {
                         rungs.push(Box::new(RdmaRung::new(engine.clone())));
                     }
                 }
+                Path::Quic => {
+                    if let Some(tls) = &config.tls {
+                        rungs.push(Box::new(crate::quic_path::QuicRung::new(tls.clone())));
+                    }
+                }
                 Path::Grpc => {}
             }
         }
@@ -453,7 +472,7 @@ impl Transport for Fallback {
     ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
         Box::pin(async move {
             let node = peer.node.as_str();
-            let mut advertised = [Path::Grpc; 3];
+            let mut advertised = [Path::Grpc; Path::ALL.len()];
             let mut n = 0;
             for rung in &self.rungs {
                 if n < advertised.len() && rung.reaches(peer) {

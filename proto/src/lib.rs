@@ -14,6 +14,7 @@
 //! - [`registry`]: the `NodeRecord` agents advertise in ZooKeeper and the
 //!   registry URL (`zk://...`, `static://...`).
 //! - [`tls`]: TLS files, the client side of TLS connections to agents.
+//! - [`quic`]: the QUIC rung's frames (one stream per `ModelInfer`).
 //!
 //! Protos are compiled by the pure-Rust `protox` (no `protoc` anywhere);
 //! tensor payloads (`raw_input_contents`, `raw_output_contents`) are
@@ -22,6 +23,7 @@
 
 pub mod channel;
 pub mod load;
+pub mod quic;
 pub mod rdma;
 pub mod registry;
 pub mod tensor;
