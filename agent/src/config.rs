@@ -1163,6 +1163,10 @@ mod tests {
         assert_eq!(ok.cert, dir.join("c.pem"));
         assert_eq!(ok.allow_clients, ["a.test"]);
         assert_eq!(ok.reload_interval, crate::tls::DEFAULT_RELOAD_INTERVAL);
+        let quic = cfg("[transport]\nquic = \"on\"\nquic_listen = \"127.0.0.1:9001\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"")
+            .unwrap()
+            .quic;
+        assert_eq!(quic, Some(Some("127.0.0.1:9001".parse().unwrap())));
         for (text, needle) in [
             ("[tls]\ncert = \"c.pem\"", "both cert and key"),
             ("[tls]\nclient_ca = \"c.pem\"", "need tls.cert"),
@@ -1179,6 +1183,8 @@ mod tests {
                 "reload_interval",
             ),
             ("[tls]\ncert = \"k.pem\"\nkey = \"k.pem\"", "no CERTIFICATE"),
+            ("[transport]\nquic = \"on\"", "QUIC is TLS 1.3 only"),
+            ("[transport]\nquic = \"yes\"", "transport.quic: 'yes'"),
         ] {
             let text = cfg(text).unwrap_err().to_string();
             assert!(text.contains(needle), "missing '{needle}' in {text}");
