@@ -71,6 +71,17 @@ pub fn router(state: AdminState) -> Router {
     grpc.merge(http)
 }
 
+/// The probe-only router of `[tls] probe_listen`: `/livez` and `/readyz`
+/// in plaintext, for kubelet probes when the admin port requires client
+/// certificates (the kubelet presents none). Nothing else is served there.
+pub fn probe_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
+        .with_state(state)
+}
+
 async fn metrics(axum::extract::State(s): axum::extract::State<AdminState>) -> impl IntoResponse {
     (
         [(

@@ -73,9 +73,34 @@ pub enum RunError {
     /// advertise instead is known.
     #[error("no address to advertise: {0}")]
     Advertise(String),
+    /// The TLS certificate, key or client CA do not load.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The configured RDMA emulation could not start.
     #[error("cannot start the RDMA emulation: {0}")]
     Rdma(#[source] std::io::Error),
+}
+
+/// Serves `app` on `listener` (plain TCP or [`crate::tls::TlsListener`])
+/// on `tasks` until `stop`.
+fn serve_http<L>(
+    listener: L,
+    app: axum::Router,
+    what: &'static str,
+    stop: &CancellationToken,
+    tasks: &TaskTracker,
+) where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    let stop = stop.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "{what} server failed");
+        }
+    });
 }
 
 /// Opens the configured GPU telemetry; on failure logs one line and runs
@@ -145,6 +170,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     listen: SocketAddr,
     admin_listen: SocketAddr,
+    quic_listen: Option<SocketAddr>,
     requests: TaskTracker,
     background: TaskTracker,
     stop_workers: CancellationToken,
@@ -184,9 +210,21 @@ impl Agent {
         self.admin_listen
     }
 
+    /// Where the QUIC rung listens (UDP), when on.
+    pub fn quic_listen(&self) -> Option<SocketAddr> {
+        self.quic_listen
+    }
+
     /// Binds, starts supervisors and servers; serves until [`Agent::stop`].
     pub async fn start(cfg: AgentConfig, launcher: Arc<dyn Launcher>) -> Result<Self, RunError> {
         let started = Instant::now();
+        let tls = cfg
+            .tls
+            .as_ref()
+            .map(crate::tls::ServerTls::load)
+            .transpose()
+            .map_err(RunError::Tls)?
+            .map(Arc::new);
         let bind = |addr, what| async move {
             TcpListener::bind(addr)
                 .await
@@ -198,6 +236,31 @@ impl Agent {
             Some(a) => Some(bind(a, "KServe HTTP").await?),
             None => None,
         };
+        let probe_listener = match cfg.tls.as_ref().and_then(|t| t.probe_listen) {
+            Some(a) => Some(bind(a, "probes").await?),
+            None => None,
+        };
+        let quic_limits = crate::quic::QuicLimits {
+            max_connections: cfg.limits.max_connections,
+            max_streams: cfg.limits.max_concurrent_streams,
+            max_message_bytes: cfg.max_message_bytes,
+            idle_timeout: cfg.limits.idle_timeout,
+            read_timeout: cfg.limits.read_timeout,
+        };
+        let quic_endpoint = match (&cfg.quic, &tls) {
+            (Some(at), Some(t)) => {
+                let addr = at.unwrap_or_else(|| oip_listener.local_addr().unwrap_or(cfg.listen));
+                Some(
+                    crate::quic::bind(addr, t, &quic_limits).map_err(|source| RunError::Bind {
+                        addr,
+                        what: "QUIC (UDP)",
+                        source,
+                    })?,
+                )
+            }
+            _ => None,
+        };
+        let quic_listen = quic_endpoint.as_ref().and_then(|e| e.local_addr().ok());
         let http_listen = http_listener.as_ref().and_then(|l| l.local_addr().ok());
         let (listen, admin_listen) = (
             oip_listener.local_addr().unwrap_or(cfg.listen),
@@ -302,6 +365,8 @@ impl Agent {
                     pool: Arc::clone(&pool),
                     rdma: rdma.as_ref().map(|r| r.kind().to_string()),
                     zone: rcfg.zone.clone(),
+                    tls: tls.is_some(),
+                    quic: quic_listen.map(|q| SocketAddr::new(grpc.ip(), q.port()).to_string()),
                 };
                 background.spawn(registry::run(rcfg, advertised, phase_rx))
             });
@@ -385,8 +450,23 @@ impl Agent {
                 "open-file limit lowers the connection limit (raise `ulimit -n` for more)"
             );
         }
+        if let (Some(t), Some(s)) = (&tls, &cfg.tls) {
+            let (t, every, stop) = (Arc::clone(t), s.reload_interval, stop_background.clone());
+            background.spawn(async move { t.watch(every, stop).await });
+        }
+        if let Some(endpoint) = quic_endpoint {
+            requests.spawn(crate::quic::serve(
+                endpoint,
+                front.clone(),
+                Arc::clone(&pool),
+                quic_limits,
+                port.clone(),
+                requests.clone(),
+            ));
+        }
         requests.spawn(server::serve(
             oip_listener,
+            tls.as_ref().map(|t| t.oip.clone()),
             oip,
             server_limits,
             on_close,
@@ -403,15 +483,27 @@ impl Agent {
                 token: cfg.admin_token.clone(),
                 phase: Arc::clone(&set_phase),
             };
-            let stop = stop_background.clone();
-            background.spawn(async move {
-                let served = axum::serve(admin_listener, admin::router(state))
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "admin server failed");
-                }
-            });
+            if let Some(listener) = probe_listener {
+                let app = admin::probe_router(state.clone());
+                serve_http(listener, app, "probe", &stop_background, &background);
+            }
+            let app = admin::router(state);
+            match &tls {
+                None => serve_http(admin_listener, app, "admin", &stop_background, &background),
+                Some(t) => serve_http(
+                    crate::tls::TlsListener::new(
+                        admin_listener,
+                        t.admin.clone(),
+                        cfg.limits.handshake_timeout,
+                        stop_background.clone(),
+                        background.clone(),
+                    ),
+                    app,
+                    "admin",
+                    &stop_background,
+                    &background,
+                ),
+            }
         }
         if let Some(listener) = http_listener {
             let app = crate::http::router(
@@ -419,23 +511,32 @@ impl Agent {
                 cfg.max_message_bytes,
                 cfg.limits.call_timeout,
             );
-            let stop = stop_background.clone();
-            background.spawn(async move {
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "KServe HTTP server failed");
-                }
-            });
+            let what = "KServe HTTP";
+            match &tls {
+                None => serve_http(listener, app, what, &stop_background, &background),
+                Some(t) => serve_http(
+                    crate::tls::TlsListener::new(
+                        listener,
+                        t.http.clone(),
+                        cfg.limits.handshake_timeout,
+                        stop_background.clone(),
+                        background.clone(),
+                    ),
+                    app,
+                    what,
+                    &stop_background,
+                    &background,
+                ),
+            }
         }
-        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, workers = cfg.workers.len(), "agent serving");
+        tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, quic_listen = ?quic_listen, tls = tls.is_some(), workers = cfg.workers.len(), "agent serving");
         Ok(Agent {
             cfg,
             pool,
             metrics,
             listen,
             admin_listen,
+            quic_listen,
             requests,
             background,
             stop_workers,

@@ -78,6 +78,9 @@ pub struct RawConfig {
     /// Tensor transports the agent offers besides gRPC.
     #[serde(default)]
     pub transport: RawTransport,
+    /// TLS on every port.
+    #[serde(default)]
+    pub tls: RawTls,
     /// Directory relative paths in the file resolve against (the config
     /// file's directory); not read from the file.
     #[serde(skip)]
@@ -115,6 +118,34 @@ pub struct RawTransport {
     /// Add the standard ORCA load report (`endpoint-load-metrics-bin`) to
     /// every response beside the `infermesh-*` trailers (default true).
     pub orca: Option<bool>,
+    /// The QUIC rung: `on` or `off` (default `off`); needs `[tls]`.
+    pub quic: Option<String>,
+    /// UDP address of the QUIC rung. Default: the OIP address (same port, UDP).
+    pub quic_listen: Option<String>,
+}
+
+/// `[tls]`: TLS on the OIP, admin and KServe HTTP ports (see [`crate::tls`]).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// Certificate chain (PEM); with `key`, every port serves TLS only.
+    pub cert: Option<PathBuf>,
+    /// Private key of `cert` (PEM).
+    pub key: Option<PathBuf>,
+    /// CA of client certificates: set, every port requires one (mTLS).
+    pub client_ca: Option<PathBuf>,
+    /// DNS names (SANs) of the clients allowed on the data plane (OIP and
+    /// KServe HTTP ports); empty or absent: any client `client_ca` signed.
+    #[serde(default)]
+    pub allow_clients: Vec<String>,
+    /// How often the certificate and key files are read again (a rotated
+    /// Secret is picked up for new connections; open ones keep going).
+    #[serde(default, with = "humantime_serde")]
+    pub reload_interval: Option<Duration>,
+    /// A plaintext address serving only `/livez` and `/readyz`, for
+    /// Kubernetes probes when `client_ca` is set (the kubelet presents no
+    /// client certificate; without `client_ca`, probes use `scheme: HTTPS`).
+    pub probe_listen: Option<String>,
 }
 
 /// `[queue]`.
@@ -320,6 +351,11 @@ pub struct AgentConfig {
     pub health: HealthConfig,
     /// The RDMA path.
     pub rdma: RdmaMode,
+    /// TLS on every port (`[tls]`), if configured.
+    pub tls: Option<crate::tls::TlsSettings>,
+    /// The QUIC rung (`[transport] quic = "on"`): its UDP address, `None`
+    /// for the OIP address.
+    pub quic: Option<Option<SocketAddr>>,
     /// The `infermesh` binary to start workers through (see
     /// [`crate::launch`]); set by the CLI, not read from the file.
     pub worker_shim: Option<PathBuf>,
@@ -489,6 +525,35 @@ impl AgentConfig {
             .admin_token_file
             .as_ref()
             .and_then(|p| read_token(&base_dir.join(p), &mut problems));
+        let tls = tls_config(&raw.tls, &base_dir, &mut problems);
+        let quic = match raw.transport.quic.as_deref() {
+            None | Some("off") => None,
+            Some("on") => {
+                if tls.is_none() {
+                    problems.push(
+                        "transport.quic: QUIC is TLS 1.3 only: set tls.cert and tls.key".into(),
+                    );
+                }
+                let listen = raw
+                    .transport
+                    .quic_listen
+                    .as_ref()
+                    .and_then(|q| match q.parse() {
+                        Ok(a) => Some(a),
+                        Err(_) => {
+                            problems.push(format!(
+                                "transport.quic_listen: '{q}' is not an address like 0.0.0.0:8001"
+                            ));
+                            None
+                        }
+                    });
+                Some(listen)
+            }
+            Some(other) => {
+                problems.push(format!("transport.quic: '{other}' is not on or off"));
+                None
+            }
+        };
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
         let registry = registry_config(&raw.registry, &base_dir, &mut problems);
@@ -589,11 +654,79 @@ impl AgentConfig {
                 admin_token,
                 health,
                 rdma,
+                tls,
+                quic,
                 worker_shim: None,
             }),
             _ => Err(ConfigError(problems)),
         }
     }
+}
+
+/// Checks `[tls]`, loading the files so that a bad certificate or key is
+/// a configuration error (exit 78, and `--check-config` shows it).
+fn tls_config(
+    raw: &RawTls,
+    base_dir: &Path,
+    problems: &mut Vec<String>,
+) -> Option<crate::tls::TlsSettings> {
+    let (cert, key) = match (&raw.cert, &raw.key) {
+        (Some(c), Some(k)) => (base_dir.join(c), base_dir.join(k)),
+        (None, None) => {
+            if raw.client_ca.is_some() || !raw.allow_clients.is_empty() {
+                problems.push("tls: client_ca and allow_clients need tls.cert and tls.key".into());
+            }
+            return None;
+        }
+        _ => {
+            problems.push("tls: give both cert and key (--tls-cert, --tls-key), or neither".into());
+            return None;
+        }
+    };
+    if !raw.allow_clients.is_empty() && raw.client_ca.is_none() {
+        problems.push("tls.allow_clients: needs tls.client_ca (client certificates)".into());
+    }
+    if raw.allow_clients.len() > crate::tls::MAX_ALLOWED_CLIENTS {
+        problems.push(format!(
+            "tls.allow_clients: {} names (at most {})",
+            raw.allow_clients.len(),
+            crate::tls::MAX_ALLOWED_CLIENTS
+        ));
+    }
+    for name in &raw.allow_clients {
+        if rustls::pki_types::DnsName::try_from(name.as_str()).is_err() {
+            problems.push(format!("tls.allow_clients: '{name}' is not a DNS name"));
+        }
+    }
+    let reload_interval = raw
+        .reload_interval
+        .unwrap_or(crate::tls::DEFAULT_RELOAD_INTERVAL);
+    if reload_interval < Duration::from_millis(100) || reload_interval > Duration::from_secs(3600) {
+        problems.push("tls.reload_interval: between 100ms and 1h".into());
+    }
+    let probe_listen = raw.probe_listen.as_ref().and_then(|p| match p.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            problems.push(format!(
+                "tls.probe_listen: '{p}' is not an address like 0.0.0.0:8003"
+            ));
+            None
+        }
+    });
+    let settings = crate::tls::TlsSettings {
+        cert,
+        key,
+        client_ca: raw.client_ca.as_ref().map(|c| base_dir.join(c)),
+        allow_clients: raw.allow_clients.clone(),
+        reload_interval,
+        probe_listen,
+    };
+    if problems.is_empty() {
+        if let Err(e) = crate::tls::ServerTls::load(&settings) {
+            problems.push(e);
+        }
+    }
+    Some(settings)
 }
 
 fn sentinel_config(raw: &RawSentinel, problems: &mut Vec<String>) -> SentinelConfig {
@@ -1003,6 +1136,59 @@ mod tests {
         );
         let text = cfg("[transport]\nrdma = \"yes\"").unwrap_err().to_string();
         assert!(text.contains("transport.rdma"), "{text}");
+    }
+
+    #[test]
+    fn tls_section_is_checked() {
+        let dir = std::env::temp_dir().join(format!("infermesh-config-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["agent.test".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("c.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("k.pem"), key.serialize_pem()).unwrap();
+        let cfg = |text: &str| {
+            let mut raw =
+                RawConfig::from_toml(&format!("[[workers]]\ncommand = \"w\"\n{text}")).unwrap();
+            raw.base_dir = Some(dir.clone());
+            AgentConfig::from_raw(raw)
+        };
+        assert!(cfg("").unwrap().tls.is_none());
+        let ok = cfg("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\nallow_clients = [\"a.test\"]")
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(ok.cert, dir.join("c.pem"));
+        assert_eq!(ok.allow_clients, ["a.test"]);
+        assert_eq!(ok.reload_interval, crate::tls::DEFAULT_RELOAD_INTERVAL);
+        let quic = cfg("[transport]\nquic = \"on\"\nquic_listen = \"127.0.0.1:9001\"\n[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"")
+            .unwrap()
+            .quic;
+        assert_eq!(quic, Some(Some("127.0.0.1:9001".parse().unwrap())));
+        for (text, needle) in [
+            ("[tls]\ncert = \"c.pem\"", "both cert and key"),
+            ("[tls]\nclient_ca = \"c.pem\"", "need tls.cert"),
+            (
+                "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nallow_clients = [\"a.test\"]",
+                "needs tls.client_ca",
+            ),
+            (
+                "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\nallow_clients = [\"not a name\"]",
+                "not a DNS name",
+            ),
+            (
+                "[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nreload_interval = \"1ms\"",
+                "reload_interval",
+            ),
+            ("[tls]\ncert = \"k.pem\"\nkey = \"k.pem\"", "no CERTIFICATE"),
+            ("[transport]\nquic = \"on\"", "QUIC is TLS 1.3 only"),
+            ("[transport]\nquic = \"yes\"", "transport.quic: 'yes'"),
+        ] {
+            let text = cfg(text).unwrap_err().to_string();
+            assert!(text.contains(needle), "missing '{needle}' in {text}");
+        }
     }
 
     #[test]

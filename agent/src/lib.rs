@@ -11,7 +11,8 @@
 //! Modules form layers; a module only uses those above it in this list
 //! (docs/DECISIONS.md, "Agent core", says why):
 //!
-//! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`error`],
+//! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`tls`]
+//!    (certificates, reloaded; used by config to check them), [`error`],
 //!    [`deadline`], [`busy`].
 //! 2. **worker state** — [`state`] (the snapshot each worker's supervisor
 //!    publishes; everyone else only reads it), [`inbox`] (control messages
@@ -28,7 +29,7 @@
 //! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
-//!    [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
+//!    [`quic`] (the QUIC rung), [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
 //!    (KServe v2 HTTP/REST), [`trailer`]
 //!    (load report), [`admin`].
 //! 7. [`agent::run`]: wiring, serving, ordered shutdown.
@@ -58,6 +59,7 @@ pub mod models;
 pub mod output;
 pub mod pdeathsig;
 pub mod pool;
+pub mod quic;
 pub mod rdma;
 pub mod registry;
 pub mod server;
@@ -66,6 +68,7 @@ pub mod spawn;
 pub mod state;
 pub mod stream;
 pub mod supervisor;
+pub mod tls;
 pub mod trailer;
 pub mod upstream;
 pub mod worker_log;

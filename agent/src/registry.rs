@@ -36,6 +36,10 @@ pub struct Advertised {
     pub rdma: Option<String>,
     /// Zone advertised.
     pub zone: String,
+    /// Whether the ports serve TLS (`[tls]`).
+    pub tls: bool,
+    /// The QUIC rung's address, when offered.
+    pub quic: Option<String>,
 }
 
 impl Advertise for Advertised {
@@ -71,6 +75,8 @@ impl Advertise for Advertised {
                 grpc: self.grpc.clone(),
                 admin: self.admin.clone(),
                 rdma: self.rdma.clone(),
+                tls: self.tls,
+                quic: self.quic.clone(),
                 ..Default::default()
             },
             models: self

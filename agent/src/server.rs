@@ -46,6 +46,7 @@ use infermesh_backoff::{Backoff, BackoffPolicy};
 use tokio::io::BufWriter;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
@@ -112,9 +113,12 @@ pub struct Shutdown {
 
 /// Serves `listener` until `shutdown.graceful` fires and its connections
 /// are done (or `shutdown.hard` fires). Connection and stream tasks are
-/// spawned on `tasks`.
+/// spawned on `tasks`. With `tls`, every connection is TLS (ALPN `h2`): the
+/// handshake runs in the connection's task within `handshake_timeout`.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     oip: Oip,
     limits: ServerLimits,
     on_close: OnClose,
@@ -168,6 +172,7 @@ pub async fn serve(
         };
         let conn = connection(
             tcp,
+            tls.clone(),
             info,
             oip.clone(),
             limits,
@@ -252,6 +257,7 @@ const EAGER_BYTES: usize = 64 << 10;
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
     info: ConnInfo,
     oip: Oip,
     limits: ServerLimits,
@@ -260,20 +266,30 @@ async fn connection(
     on_close: OnClose,
 ) {
     let id = info.id;
-    serve_connection(tcp, info, oip, limits, shutdown).await;
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    }
+    let io = FirstByteDeadline::new(tcp, limits.handshake_timeout);
+    match tls {
+        None => serve_connection(io, info, oip, limits, shutdown).await,
+        Some(acceptor) => {
+            if let Some(tls) = crate::tls::accept(&acceptor, io, limits.handshake_timeout).await {
+                serve_connection(tls, info, oip, limits, shutdown).await;
+            }
+        }
+    }
     on_close(id);
 }
 
-async fn serve_connection(
-    tcp: TcpStream,
+async fn serve_connection<T>(
+    io: T,
     info: ConnInfo,
     oip: Oip,
     limits: ServerLimits,
     shutdown: Shutdown,
-) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!(error = %e, "could not set TCP_NODELAY");
-    }
+) where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let id = info.id;
     let handshake = h2::server::Builder::new()
         .initial_window_size(limits.stream_window)
@@ -281,10 +297,7 @@ async fn serve_connection(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_header_list_size(limits.max_header_list_size)
         .max_pending_accept_reset_streams(MAX_PENDING_RESETS)
-        .handshake::<_, Bytes>(Gathering(BufWriter::with_capacity(
-            WRITE_BUFFER,
-            FirstByteDeadline::new(tcp, limits.handshake_timeout),
-        )));
+        .handshake::<_, Bytes>(Gathering(BufWriter::with_capacity(WRITE_BUFFER, io)));
     let mut conn = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

@@ -64,6 +64,21 @@ pub struct AgentArgs {
     /// only: tests and demos), off [default: auto].
     #[arg(long, value_name = "off|auto|emulated")]
     rdma: Option<String>,
+    /// TLS certificate chain (PEM) of every port (OIP, admin, KServe HTTP);
+    /// with --tls-key they serve TLS only. Re-read when the file changes.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// CA certificate (PEM) of client certificates: every port then requires
+    /// one it signed (mTLS).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// A DNS name (SAN) of clients allowed on the OIP and KServe HTTP ports
+    /// under mTLS (repeatable) [default: any client the CA signed].
+    #[arg(long = "tls-allow-client", value_name = "NAME")]
+    tls_allow_clients: Vec<String>,
     /// A worker command line (repeatable); added to the config file's workers.
     #[arg(long = "worker", value_name = "COMMAND LINE")]
     workers: Vec<String>,
@@ -125,11 +140,16 @@ fn check_config(cfg: &AgentConfig) -> i32 {
         return exit::UNAVAILABLE;
     }
     println!(
-        "configuration OK: node {}, OIP on {}, admin on {}, {} worker(s)",
+        "configuration OK: node {}, OIP on {}, admin on {}, {} worker(s){}",
         cfg.node_id,
         cfg.listen,
         cfg.admin_listen,
-        cfg.workers.len()
+        cfg.workers.len(),
+        match &cfg.tls {
+            None => String::new(),
+            Some(t) if t.client_ca.is_some() => ", TLS with client certificates".into(),
+            Some(_) => ", TLS".into(),
+        }
     );
     exit::OK
 }
@@ -181,7 +201,7 @@ pub fn main(args: AgentArgs) -> i32 {
             eprintln!("error: {e}");
             exit::UNAVAILABLE
         }
-        Err(e @ infermesh_agent::RunError::Advertise(_)) => {
+        Err(e @ (infermesh_agent::RunError::Advertise(_) | infermesh_agent::RunError::Tls(_))) => {
             eprintln!("error: {e}");
             exit::CONFIG
         }
@@ -213,6 +233,20 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
     if let Some(t) = &args.admin_token_file {
         // A flag's relative path is relative to where the command runs.
         raw.admin_token_file = Some(std::path::absolute(t).unwrap_or_else(|_| t.clone()));
+    }
+    // A flag's relative path is relative to where the command runs.
+    let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+    if let Some(c) = &args.tls_cert {
+        raw.tls.cert = Some(absolute(c));
+    }
+    if let Some(k) = &args.tls_key {
+        raw.tls.key = Some(absolute(k));
+    }
+    if let Some(c) = &args.tls_client_ca {
+        raw.tls.client_ca = Some(absolute(c));
+    }
+    if !args.tls_allow_clients.is_empty() {
+        raw.tls.allow_clients = args.tls_allow_clients.clone();
     }
     if let Some(l) = &args.listen {
         raw.listen = Some(l.clone());

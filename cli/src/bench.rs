@@ -22,6 +22,7 @@ use infermesh_proto::inference::model_infer_request::{
 };
 use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
 use infermesh_proto::tensor::f32_to_raw;
+use infermesh_proto::tls::ClientTls;
 use serde::Serialize;
 use tonic::transport::Channel;
 
@@ -74,13 +75,18 @@ pub struct BenchArgs {
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     wait_ready: Duration,
     /// Move tensors on this transport (with one --target, through the client
-    /// library with the target as the local node): shm (shared memory, falls
-    /// back to grpc if it breaks), grpc (inline), auto (the ladder's choice).
+    /// library with the target as the local node; or with --registry): shm
+    /// (shared memory, falls back to grpc if it breaks), quic (a QUIC stream
+    /// per request, with --registry and --tls-ca: falls back to grpc), grpc
+    /// (inline), auto (the ladder's choice).
     /// Lists OUTPUT0 as a requested output, so outputs take the same path;
     /// use `--model identity` to move the same bytes both ways. Also measures
     /// a plain memcpy of the same size as the physical limit.
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
+    /// TLS to the agents (`--tls-ca` also turns it on for --target).
+    #[command(flatten)]
+    tls: crate::ops::TlsArgs,
     /// Print one JSON object as the last line (stable fields: requests, errors,
     /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}
     /// of successful requests, latency_all_ms.{...} of all requests, failed
@@ -93,6 +99,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum TransportArg {
     Shm,
+    Quic,
     Grpc,
     Auto,
 }
@@ -102,6 +109,7 @@ impl TransportArg {
         use infermesh_transport::Path;
         let prefer = match self {
             TransportArg::Shm => vec![Path::Shm, Path::Grpc],
+            TransportArg::Quic => vec![Path::Quic, Path::Grpc],
             TransportArg::Grpc => vec![Path::Grpc],
             TransportArg::Auto => return infermesh_client::PathsConfig::default(),
         };
@@ -244,12 +252,18 @@ async fn direct(
     target: &str,
     size_bytes: usize,
     patience: Duration,
+    tls: Option<&ClientTls>,
 ) -> Result<GrpcInferenceServiceClient<Channel>, i32> {
     let max = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES.max(size_bytes * 2);
-    let client = infermesh_proto::oip_client(target, Duration::from_secs(5), max).map_err(|e| {
-        eprintln!("error: --target {e}");
-        exit::USAGE
-    })?;
+    let channel =
+        infermesh_proto::channel::oip_channel_tls(target, Duration::from_secs(5), tls, None)
+            .map_err(|e| {
+                eprintln!("error: --target {e}");
+                exit::USAGE
+            })?;
+    let client = GrpcInferenceServiceClient::new(channel)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
     wait_until_ready(&client, patience).await.map_err(|e| {
         eprintln!("error: {target}: {e}");
         exit::UNAVAILABLE
@@ -293,13 +307,27 @@ async fn run(args: BenchArgs) -> i32 {
             args.service
         )
     });
+    let tls = match args.tls.load() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            return e.code;
+        }
+    };
     let caller = match (&args.target, &args.registry) {
         (Some(target), _) if args.transport.is_some() => {
             if target.contains(',') {
                 eprintln!("error: --transport takes one --target (the local agent)");
                 return exit::USAGE;
             }
-            if let Err(code) = direct(target, args.size_bytes as usize, args.wait_ready).await {
+            if tls.is_some() {
+                eprintln!(
+                    "error: --transport with --target is plaintext only; use --registry for TLS"
+                );
+                return exit::USAGE;
+            }
+            if let Err(code) = direct(target, args.size_bytes as usize, args.wait_ready, None).await
+            {
                 return code;
             }
             let client = infermesh_client::Client::builder()
@@ -320,7 +348,14 @@ async fn run(args: BenchArgs) -> i32 {
         (Some(targets), _) => {
             let mut clients = Vec::new();
             for target in targets.split(',') {
-                match direct(target, args.size_bytes as usize, args.wait_ready).await {
+                match direct(
+                    target,
+                    args.size_bytes as usize,
+                    args.wait_ready,
+                    tls.as_ref(),
+                )
+                .await
+                {
                     Ok(c) => clients.push(c),
                     Err(code) => return code,
                 }
@@ -334,6 +369,12 @@ async fn run(args: BenchArgs) -> i32 {
                 .deadline(deadline);
             if let Some(local) = &args.local_node {
                 builder = builder.local_node(local.clone());
+            }
+            if let Some(t) = &tls {
+                builder = builder.tls(t.clone());
+            }
+            if let Some(transport) = args.transport {
+                builder = builder.transports(transport.paths());
             }
             match builder.build().await {
                 Ok(c) => {

@@ -104,6 +104,9 @@ pub struct DrillArgs {
     /// Give up on one injection after this long.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     patience: Duration,
+    /// TLS to the agent (`--tls-ca` turns it on for both addresses).
+    #[command(flatten)]
+    tls: crate::ops::TlsArgs,
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -169,8 +172,20 @@ fn uri(addr: &str) -> String {
 }
 
 async fn run(args: DrillArgs) -> i32 {
+    let tls = match args.tls.load() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {}", e.message);
+            return e.code;
+        }
+    };
     let admin = match crate::ops::read_token(args.token_file.as_ref()) {
-        Ok(token) => crate::ops::connect(&args.admin, Duration::from_secs(5), token).await,
+        Ok(token) => {
+            let dial = tls
+                .as_ref()
+                .map(|t| infermesh_proto::tls::TlsConnector::new(t, None));
+            crate::ops::connect(&args.admin, Duration::from_secs(5), token, dial).await
+        }
         Err(e) => Err(e),
     };
     let admin = match admin {
@@ -180,7 +195,12 @@ async fn run(args: DrillArgs) -> i32 {
             return e.code;
         }
     };
-    let oip = match Channel::from_shared(uri(&args.target)).map(|e| e.connect_lazy()) {
+    let oip = match infermesh_proto::channel::oip_channel_tls(
+        &args.target,
+        Duration::from_secs(5),
+        tls.as_ref(),
+        None,
+    ) {
         Ok(c) => GrpcInferenceServiceClient::new(c),
         Err(e) => {
             eprintln!("error: --target '{}': {e}", args.target);

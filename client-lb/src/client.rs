@@ -209,7 +209,17 @@ impl ClientBuilder {
     /// time (see [`crate::paths`]). Default: shared memory to the local
     /// node, gRPC inline otherwise.
     pub fn transports(mut self, config: PathsConfig) -> Self {
+        let tls = self.paths.tls.take();
         self.paths = config;
+        self.paths.tls = self.paths.tls.take().or(tls);
+        self
+    }
+
+    /// TLS to agents whose records say they serve TLS: the CA that signed
+    /// their certificates and, for agents requiring client certificates,
+    /// this client's own (see [`infermesh_proto::tls::TlsFiles`]).
+    pub fn tls(mut self, tls: infermesh_proto::tls::ClientTls) -> Self {
+        self.paths.tls = Some(tls);
         self
     }
 
@@ -388,7 +398,8 @@ impl Stack {
                     .get(&r.node_id)
                     .is_some_and(|p| p.same_endpoints(r));
                 if !keep {
-                    match Peer::new(r, local == Some(r.node_id.as_str())) {
+                    let tls = self.config.paths.tls.as_ref();
+                    match Peer::new(r, local == Some(r.node_id.as_str()), tls) {
                         Ok(peer) => {
                             core.peers.insert(r.node_id.clone(), Arc::new(peer));
                         }

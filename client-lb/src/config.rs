@@ -67,6 +67,47 @@ pub struct RawClientConfig {
     /// Tensor transport ladder.
     #[serde(default)]
     pub transport: RawTransport,
+    /// TLS to agents (issue 13).
+    #[serde(default)]
+    pub tls: RawTls,
+}
+
+/// `[tls]`: used for agents whose records say they serve TLS. Without a
+/// `ca` here, the environment's `INFERMESH_TLS_CA`, `INFERMESH_TLS_CERT`
+/// and `INFERMESH_TLS_KEY` are used.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// CA certificate(s) (PEM) that signed the agents' certificates.
+    pub ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM), for agents that require one (mTLS).
+    pub cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of `cert`.
+    pub key: Option<std::path::PathBuf>,
+}
+
+impl RawTls {
+    /// These files, or the environment's when none is given.
+    pub fn files(&self) -> infermesh_proto::tls::TlsFiles {
+        use infermesh_proto::tls::{ENV_CA, ENV_CERT, ENV_KEY, TlsFiles};
+        if self.ca.is_none() && self.cert.is_none() && self.key.is_none() {
+            let var = |name| {
+                std::env::var_os(name)
+                    .filter(|v| !v.is_empty())
+                    .map(Into::into)
+            };
+            return TlsFiles {
+                ca: var(ENV_CA),
+                cert: var(ENV_CERT),
+                key: var(ENV_KEY),
+            };
+        }
+        TlsFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// `[retry]`.
@@ -147,8 +188,10 @@ pub struct ClientConfig {
     /// Balancer tuning. Its `local_node` is always `None`: the top-level
     /// [`ClientConfig::local_node`] holds it.
     pub balancer: BalancerConfig,
+    /// TLS to agents that serve it (`[tls]` or the environment), loaded.
+    pub tls: Option<infermesh_proto::tls::ClientTls>,
     /// Transport ladder, applied with [`ClientBuilder::transports`]
-    /// (`quic` is accepted and skipped: not implemented).
+    /// (`quic` is used with nodes that advertise it when TLS is configured).
     pub transport: TransportConfig,
 }
 
@@ -234,6 +277,7 @@ impl Default for ClientConfig {
             },
             balancer: BalancerConfig::default(),
             transport: TransportConfig::default(),
+            tls: None,
         }
     }
 }
@@ -291,6 +335,10 @@ impl ClientConfig {
             retry: retry_config(&raw.retry, d.retry, &mut problems),
             balancer: balancer_config(&raw.balancer, &mut problems),
             transport: transport_config(&raw.transport, &mut problems),
+            tls: raw.tls.files().load().unwrap_or_else(|e| {
+                problems.push(format!("tls: {e}"));
+                None
+            }),
         };
         if problems.is_empty() {
             Ok(config)
@@ -318,22 +366,22 @@ impl ClientConfig {
         if let Some(seed) = self.seed {
             builder = builder.seed(seed);
         }
-        // QUIC has no implementation yet: it is accepted and skipped.
         let prefer = self
             .transport
             .prefer
             .iter()
-            .filter_map(|k| match k {
-                TransportKind::Shm => Some(infermesh_transport::Path::Shm),
-                TransportKind::Rdma => Some(infermesh_transport::Path::Rdma),
-                TransportKind::Grpc => Some(infermesh_transport::Path::Grpc),
-                TransportKind::Quic => None,
+            .map(|k| match k {
+                TransportKind::Shm => infermesh_transport::Path::Shm,
+                TransportKind::Rdma => infermesh_transport::Path::Rdma,
+                TransportKind::Grpc => infermesh_transport::Path::Grpc,
+                TransportKind::Quic => infermesh_transport::Path::Quic,
             })
             .collect();
         builder.transports(crate::PathsConfig {
             prefer,
             shm_pool_bytes: self.transport.shm_pool_bytes,
             reprobe_after: self.transport.reprobe_after,
+            tls: self.tls.clone(),
             ..Default::default()
         })
     }
@@ -463,6 +511,21 @@ fn transport_config(raw: &RawTransport, problems: &mut Vec<String>) -> Transport
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_section_is_checked() {
+        let text = ClientConfig::from_toml("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("tls: a TLS client certificate needs the CA"),
+            "{text}"
+        );
+        let text = ClientConfig::from_toml("[tls]\nca = \"/nonexistent/ca.pem\"")
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("cannot read /nonexistent/ca.pem"), "{text}");
+    }
 
     #[test]
     fn example_file_holds_the_documented_defaults() {

@@ -42,6 +42,7 @@ mod client;
 pub mod config;
 pub mod discovery;
 pub mod paths;
+pub mod quic_path;
 pub mod rdma_path;
 mod retry_budget;
 

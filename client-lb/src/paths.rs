@@ -34,7 +34,8 @@ use std::time::Duration;
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
 use infermesh_proto::registry::NodeRecord;
-use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, channel::oip_channel};
+use infermesh_proto::tls::ClientTls;
+use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, channel::oip_channel_tls};
 use infermesh_rdma::RdmaEngine;
 use infermesh_transport::shm::{PoolConfig, ShmDir, ShmPool};
 use infermesh_transport::{
@@ -66,6 +67,9 @@ pub struct PathsConfig {
     /// Where shared-memory regions are created (`/dev/shm`; tests point it
     /// elsewhere).
     pub shm_dir: Option<std::path::PathBuf>,
+    /// TLS to agents whose records say their ports serve TLS (issue 13);
+    /// without it such agents are skipped with a warning.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for PathsConfig {
@@ -76,6 +80,7 @@ impl Default for PathsConfig {
             reprobe_after: DEFAULT_REPROBE_AFTER,
             shm_dir: None,
             rdma: None,
+            tls: None,
         }
     }
 }
@@ -91,15 +96,36 @@ pub struct Peer {
     pub rdma: bool,
     /// The address of its gRPC endpoint.
     pub grpc_addr: String,
+    /// Its gRPC endpoint serves TLS (the connection is TLS).
+    pub tls: bool,
+    /// Its QUIC endpoint, when it offers one and this client has TLS
+    /// settings (QUIC is TLS only).
+    pub quic: Option<std::net::SocketAddr>,
+    /// Its host name from the record, a second name its certificate may carry.
+    pub host: Option<String>,
     /// The connection to it (the RDMA control path uses it too).
     pub channel: Channel,
     client: GrpcInferenceServiceClient<Channel>,
 }
 
 impl Peer {
-    /// The peer for `record`, connecting lazily to its gRPC endpoint.
-    pub fn new(record: &NodeRecord, local: bool) -> Result<Self, String> {
-        let channel = oip_channel(&record.endpoints.grpc, Duration::from_secs(1))
+    /// The peer for `record`, connecting lazily to its gRPC endpoint: over
+    /// TLS when the record says so (then `tls` must be given; the agent's
+    /// certificate must name the address's IP or the record's host).
+    pub fn new(record: &NodeRecord, local: bool, tls: Option<&ClientTls>) -> Result<Self, String> {
+        let tls = match (record.endpoints.tls, tls) {
+            (false, _) => None,
+            (true, Some(t)) => Some(t),
+            (true, None) => {
+                return Err(format!(
+                    "node '{}' serves TLS and no TLS CA is configured (tls_ca, {})",
+                    record.node_id,
+                    infermesh_proto::tls::ENV_CA
+                ));
+            }
+        };
+        let host = Some(record.host.as_str()).filter(|h| !h.is_empty());
+        let channel = oip_channel_tls(&record.endpoints.grpc, Duration::from_secs(1), tls, host)
             .map_err(|e| format!("node '{}': {e}", record.node_id))?;
         let client = GrpcInferenceServiceClient::new(channel.clone())
             .max_decoding_message_size(DEFAULT_MAX_MESSAGE_BYTES)
@@ -109,6 +135,14 @@ impl Peer {
             local,
             rdma: record.endpoints.rdma.is_some(),
             grpc_addr: record.endpoints.grpc.clone(),
+            tls: tls.is_some(),
+            quic: record
+                .endpoints
+                .quic
+                .as_deref()
+                .filter(|_| tls.is_some())
+                .and_then(|q| q.parse().ok()),
+            host: host.map(str::to_string),
             channel,
             client,
         })
@@ -117,7 +151,11 @@ impl Peer {
     /// Whether `record` can still be reached through this peer (same
     /// endpoints), so that its connection is kept.
     pub fn same_endpoints(&self, record: &NodeRecord) -> bool {
-        self.grpc_addr == record.endpoints.grpc && self.rdma == record.endpoints.rdma.is_some()
+        self.grpc_addr == record.endpoints.grpc
+            && self.rdma == record.endpoints.rdma.is_some()
+            && self.tls == record.endpoints.tls
+            && self.quic.map(|q| q.to_string()).as_deref()
+                == record.endpoints.quic.as_deref().filter(|_| self.tls)
     }
 
     /// A handle on the inference service of the node.
@@ -370,6 +408,11 @@ impl Fallback {
                         rungs.push(Box::new(RdmaRung::new(engine.clone())));
                     }
                 }
+                Path::Quic => {
+                    if let Some(tls) = &config.tls {
+                        rungs.push(Box::new(crate::quic_path::QuicRung::new(tls.clone())));
+                    }
+                }
                 Path::Grpc => {}
             }
         }
@@ -429,7 +472,7 @@ impl Transport for Fallback {
     ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
         Box::pin(async move {
             let node = peer.node.as_str();
-            let mut advertised = [Path::Grpc; 3];
+            let mut advertised = [Path::Grpc; Path::ALL.len()];
             let mut n = 0;
             for rung in &self.rungs {
                 if n < advertised.len() && rung.reaches(peer) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::GrpcInferenceServiceClient;
+use crate::tls::{ClientTls, TlsConnector};
 
 /// An OIP client for `addr` (`host:port` or a URI). Errors name the address.
 pub fn oip_client(
@@ -25,6 +26,27 @@ pub fn oip_client(
 /// The lazily connected channel [`oip_client`] wraps, for other services on
 /// the same connection (e.g. the RDMA control path).
 pub fn oip_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, String> {
+    Ok(oip_endpoint(addr, connect_timeout)?.connect_lazy())
+}
+
+/// [`oip_channel`] over TLS when `tls` is given (see [`crate::tls`]): the
+/// agent's certificate must be valid for the address's host, or for
+/// `also_name` (the record's host name).
+pub fn oip_channel_tls(
+    addr: &str,
+    connect_timeout: Duration,
+    tls: Option<&ClientTls>,
+    also_name: Option<&str>,
+) -> Result<Channel, String> {
+    let endpoint = oip_endpoint(addr, connect_timeout)?;
+    Ok(match tls {
+        None => endpoint.connect_lazy(),
+        Some(tls) => endpoint.connect_with_connector_lazy(TlsConnector::new(tls, also_name)),
+    })
+}
+
+/// The endpoint of [`oip_channel`], for an eager `connect`.
+pub fn oip_endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, String> {
     let uri = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -32,11 +54,9 @@ pub fn oip_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, Str
     };
     let endpoint =
         Endpoint::from_shared(uri).map_err(|e| format!("'{addr}' is not a valid address: {e}"))?;
-    let channel = endpoint
+    Ok(endpoint
         .tcp_nodelay(true)
         .connect_timeout(connect_timeout)
         .initial_stream_window_size(Some(4 << 20))
-        .initial_connection_window_size(Some(16 << 20))
-        .connect_lazy();
-    Ok(channel)
+        .initial_connection_window_size(Some(16 << 20)))
 }

@@ -77,6 +77,12 @@ pub struct Endpoints {
     pub grpc: String,
     /// Admin address.
     pub admin: String,
+    /// The gRPC and admin endpoints (and KServe HTTP) serve TLS only
+    /// (issue 13): connect with TLS, verifying the certificate against the
+    /// address's IP or the record's `host`. Absent (false) in records of
+    /// agents without TLS and of older agents.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
     /// QUIC endpoint, when advertised (transport issue).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quic: Option<String>,
@@ -384,6 +390,27 @@ mod tests {
         value["models"][0]["max_batch"] = serde_json::json!(64);
         let bytes = serde_json::to_vec(&value).unwrap();
         assert_eq!(NodeRecord::from_json(&bytes, "gpu-1"), Ok(record()));
+    }
+
+    #[test]
+    fn the_tls_flag_is_additive() {
+        let plain = record();
+        let json = String::from_utf8(plain.to_json()).unwrap();
+        assert!(!json.contains("\"tls\""), "left out when false: {json}");
+        assert!(
+            !NodeRecord::from_json(json.as_bytes(), "gpu-1")
+                .unwrap()
+                .endpoints
+                .tls
+        );
+        let mut tls = record();
+        tls.endpoints.tls = true;
+        let json = tls.to_json();
+        assert!(NodeRecord::from_json(&json, "gpu-1").unwrap().endpoints.tls);
+        let bad = String::from_utf8(json)
+            .unwrap()
+            .replace("\"tls\":true", "\"tls\":\"yes\"");
+        assert!(NodeRecord::from_json(bad.as_bytes(), "gpu-1").is_err());
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! state) with a generous deadline, never a bare sleep.
 #![forbid(unsafe_code)]
 
+pub mod certs;
+pub mod py;
 pub mod zk;
 
 use std::future::Future;

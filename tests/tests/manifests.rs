@@ -323,6 +323,19 @@ fn probes_and_ports_match_agent_toml() {
     let c = agent_container(ds);
     let cfg = agent_config(&docs);
     let admin = cfg.admin_listen.port();
+    // Plaintext: the admin port. TLS without client certificates: the admin
+    // port with `scheme: HTTPS`. mTLS: the plaintext `probe_listen` (the
+    // kubelet has no client certificate).
+    let (probe_port, scheme) = match &cfg.tls {
+        None => (admin, "HTTP"),
+        Some(t) if t.client_ca.is_none() => (admin, "HTTPS"),
+        Some(t) => (
+            t.probe_listen
+                .expect("under mTLS the probes need tls.probe_listen")
+                .port(),
+            "HTTP",
+        ),
+    };
     for (probe, path) in [
         ("livenessProbe", "/livez"),
         ("readinessProbe", "/readyz"),
@@ -330,7 +343,12 @@ fn probes_and_ports_match_agent_toml() {
     ] {
         let get = &c[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe}");
-        assert_eq!(port_number(c, &get["port"]), admin, "{probe} port");
+        assert_eq!(port_number(c, &get["port"]), probe_port, "{probe} port");
+        assert_eq!(
+            get["scheme"].as_str().unwrap_or("HTTP"),
+            scheme,
+            "{probe} scheme"
+        );
     }
     assert_eq!(port_number(c, &"admin".into()), admin);
     assert_eq!(port_number(c, &"oip".into()), cfg.listen.port());

@@ -64,7 +64,7 @@ pub struct PathCounters {
 
 /// A snapshot of every path's counters, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LadderCounters([PathCounters; 3]);
+pub struct LadderCounters([PathCounters; Path::ALL.len()]);
 
 impl LadderCounters {
     /// The counters of `path`.
@@ -139,7 +139,7 @@ impl Breaker {
 struct Peer {
     /// Paths the peer advertised at the last `choose`.
     advertised: Vec<Path>,
-    breakers: [Breaker; 3],
+    breakers: [Breaker; Path::ALL.len()],
 }
 
 /// The transport ladder: path choice and breakers for every peer.
@@ -147,7 +147,7 @@ struct Peer {
 pub struct Ladder {
     config: LadderConfig,
     peers: HashMap<String, Peer>,
-    counters: [PathCounters; 3],
+    counters: [PathCounters; Path::ALL.len()],
 }
 
 impl Ladder {

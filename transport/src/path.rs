@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// A way to move tensors to a peer, ordered best first: `Shm < Rdma < Grpc`
+/// A way to move tensors to a peer, ordered best first: `Shm < Rdma < Quic < Grpc`
 /// in `Ord`, so sorting a list puts the preferred path first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Path {
@@ -11,19 +11,22 @@ pub enum Path {
     Shm,
     /// One-sided RDMA into registered memory.
     Rdma,
+    /// A QUIC stream per request (TLS 1.3, the agent's certificate).
+    Quic,
     /// Tensors inline in the gRPC message; always works.
     Grpc,
 }
 
 impl Path {
     /// Every path, best first.
-    pub const ALL: [Path; 3] = [Path::Shm, Path::Rdma, Path::Grpc];
+    pub const ALL: [Path; 4] = [Path::Shm, Path::Rdma, Path::Quic, Path::Grpc];
 
     /// The name used in configs, metrics and node records.
     pub fn as_str(self) -> &'static str {
         match self {
             Path::Shm => "shm",
             Path::Rdma => "rdma",
+            Path::Quic => "quic",
             Path::Grpc => "grpc",
         }
     }
@@ -42,7 +45,7 @@ impl fmt::Display for Path {
 
 /// A name that is not a [`Path`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown transport path '{0}' (expected shm, rdma or grpc)")]
+#[error("unknown transport path '{0}' (expected shm, rdma, quic or grpc)")]
 pub struct UnknownPath(pub String);
 
 impl FromStr for Path {
@@ -65,8 +68,8 @@ mod tests {
         for p in Path::ALL {
             assert_eq!(p.to_string().parse::<Path>(), Ok(p));
         }
-        assert!("quic".parse::<Path>().is_err());
-        let mut v = vec![Path::Grpc, Path::Shm, Path::Rdma];
+        assert!("tcp".parse::<Path>().is_err());
+        let mut v = vec![Path::Grpc, Path::Quic, Path::Shm, Path::Rdma];
         v.sort();
         assert_eq!(v, Path::ALL);
     }

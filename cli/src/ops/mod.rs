@@ -23,6 +23,7 @@ use clap::Args;
 use infermesh_client::discovery::{self, Source};
 use infermesh_proto::admin::admin_client::AdminClient;
 use infermesh_proto::registry::{NodeRecord, RegistryUrl};
+use infermesh_proto::tls::{ClientTls, TlsConnector, TlsFiles};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -48,6 +49,57 @@ pub struct RegistryArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS to agents (issue 13): used for a node whose record says its ports
+/// serve TLS, and for an address given directly when `--tls-ca` is set.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) that signed the agents' certificates; the agent's
+    /// certificate must also name its address (IP SAN) or its host name.
+    #[arg(long, value_name = "FILE", env = "INFERMESH_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for agents that require one (mTLS).
+    #[arg(long, value_name = "FILE", env = "INFERMESH_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", env = "INFERMESH_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The client settings, `None` without `--tls-ca`.
+    pub fn load(&self) -> Result<Option<ClientTls>, OpsError> {
+        TlsFiles {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        }
+        .load()
+        .map_err(OpsError::config)
+    }
+
+    /// How to dial a node whose record says `tls` (with host name `host`):
+    /// `None` for plaintext; an error when it serves TLS and no CA is given.
+    pub fn connector(
+        &self,
+        name: &str,
+        tls: bool,
+        host: Option<&str>,
+    ) -> Result<Option<TlsConnector>, OpsError> {
+        if !tls {
+            return Ok(None);
+        }
+        match self.load()? {
+            Some(c) => Ok(Some(TlsConnector::new(&c, host.filter(|h| !h.is_empty())))),
+            None => Err(OpsError::config(format!(
+                "{name} serves TLS: give --tls-ca FILE (or INFERMESH_TLS_CA) with the CA that \
+                 signed its certificate"
+            ))),
+        }
+    }
 }
 
 /// Which node a command is about.
@@ -187,6 +239,11 @@ pub struct Target {
     pub name: String,
     /// Admin address host:port.
     pub admin: String,
+    /// The admin port serves TLS (the record says so, or `--tls-ca` was
+    /// given with an address).
+    pub tls: bool,
+    /// The node's host name (from its record), a name its certificate may carry.
+    pub host: Option<String>,
 }
 
 /// Refuses an admin address that names no host (`0.0.0.0:8002`, `[::]:8002`):
@@ -210,16 +267,26 @@ pub async fn resolve(args: &NodeArgs) -> Result<Target, OpsError> {
 }
 
 async fn resolve_any(args: &NodeArgs) -> Result<Target, OpsError> {
+    let direct_tls = args.registry.tls.tls_ca.is_some();
     if let Some(admin) = &args.admin {
         return Ok(Target {
             name: args.node.clone().unwrap_or_else(|| admin.clone()),
             admin: admin.clone(),
+            tls: direct_tls,
+            host: None,
         });
     }
     if args.local {
+        // The loopback address is rarely in a node's certificate; its host
+        // name may be.
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string());
         return Ok(Target {
             name: "local".into(),
             admin: LOCAL_ADMIN.into(),
+            tls: direct_tls,
+            host,
         });
     }
     let Some(node) = args.node.clone() else {
@@ -231,6 +298,8 @@ async fn resolve_any(args: &NodeArgs) -> Result<Target, OpsError> {
         return Ok(Target {
             name: node.clone(),
             admin: node,
+            tls: direct_tls,
+            host: None,
         });
     }
     let records = read_registry(&args.registry).await?;
@@ -254,6 +323,8 @@ async fn resolve_any(args: &NodeArgs) -> Result<Target, OpsError> {
     Ok(Target {
         name: node,
         admin: record.endpoints.admin.clone(),
+        tls: record.endpoints.tls,
+        host: Some(record.host.clone()),
     })
 }
 
@@ -291,15 +362,32 @@ pub fn read_token(path: Option<&PathBuf>) -> Result<Bearer, OpsError> {
     Ok(Bearer(Some(value)))
 }
 
-/// Connects to an agent's admin address.
-pub async fn connect(admin: &str, timeout: Duration, token: Bearer) -> Result<Admin, OpsError> {
+/// Connects to an agent's admin address, over TLS with `tls`.
+pub async fn connect(
+    admin: &str,
+    timeout: Duration,
+    token: Bearer,
+    tls: Option<TlsConnector>,
+) -> Result<Admin, OpsError> {
     let endpoint = Channel::from_shared(format!("http://{admin}"))
         .map_err(|e| OpsError::usage(format!("admin address '{admin}': {e}")))?
         .connect_timeout(timeout)
         .timeout(timeout.max(Duration::from_secs(30)));
-    let channel = endpoint.connect().await.map_err(|e| {
+    let connected = match tls {
+        None => endpoint.connect().await,
+        Some(c) => endpoint.connect_with_connector(c).await,
+    };
+    let channel = connected.map_err(|e| {
+        use std::error::Error;
+        // The TLS failure (unknown CA, wrong name) is the source's source.
+        let mut why = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            why = format!("{why}: {s}");
+            source = s.source();
+        }
         OpsError::unavailable(format!(
-            "cannot reach the agent's admin address {admin}: {e}"
+            "cannot reach the agent's admin address {admin}: {why}"
         ))
     })?;
     Ok(AdminClient::with_interceptor(channel, token))
@@ -309,6 +397,10 @@ pub async fn connect(admin: &str, timeout: Duration, token: Bearer) -> Result<Ad
 pub async fn admin_for(args: &NodeArgs) -> Result<(Target, Admin), OpsError> {
     let target = resolve(args).await?;
     let token = read_token(args.token_file.as_ref())?;
-    let client = connect(&target.admin, args.registry.connect_timeout, token).await?;
+    let tls = args
+        .registry
+        .tls
+        .connector(&target.name, target.tls, target.host.as_deref())?;
+    let client = connect(&target.admin, args.registry.connect_timeout, token, tls).await?;
     Ok((target, client))
 }

@@ -38,7 +38,12 @@ pub fn main(args: NodesArgs) -> i32 {
 async fn run(args: NodesArgs) -> Result<(), OpsError> {
     let records = read_registry(&args.registry).await?;
     let timeout = args.registry.connect_timeout;
-    let rows = futures_join(records.into_iter().map(|r| row(r, timeout))).await;
+    let rows = futures_join(
+        records
+            .into_iter()
+            .map(|r| row(r, timeout, args.registry.tls.clone())),
+    )
+    .await;
     if args.registry.json {
         println!(
             "{}",
@@ -74,11 +79,16 @@ async fn run(args: NodesArgs) -> Result<(), OpsError> {
     Ok(())
 }
 
-async fn row(r: NodeRecord, timeout: std::time::Duration) -> Row {
+async fn row(r: NodeRecord, timeout: std::time::Duration, tls: super::TlsArgs) -> Row {
     let in_flight = if r.endpoints.admin.is_empty() {
         None
     } else {
-        match connect(&r.endpoints.admin, timeout, Bearer::default()).await {
+        let dial = tls.connector(&r.node_id, r.endpoints.tls, Some(&r.host));
+        let connected = match dial {
+            Ok(dial) => connect(&r.endpoints.admin, timeout, Bearer::default(), dial).await,
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(mut c) => c
                 .status(StatusRequest {})
                 .await

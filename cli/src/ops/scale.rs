@@ -358,7 +358,7 @@ async fn sample(registry: &RegistryArgs) -> Result<Vec<NodeLoad>, OpsError> {
     let timeout = registry.connect_timeout;
     let handles: Vec<_> = records
         .into_iter()
-        .map(|r| tokio::spawn(node_load(r, timeout)))
+        .map(|r| tokio::spawn(node_load(r, timeout, registry.tls.clone())))
         .collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
@@ -367,11 +367,16 @@ async fn sample(registry: &RegistryArgs) -> Result<Vec<NodeLoad>, OpsError> {
     Ok(out)
 }
 
-async fn node_load(r: NodeRecord, timeout: Duration) -> NodeLoad {
+async fn node_load(r: NodeRecord, timeout: Duration, tls: super::TlsArgs) -> NodeLoad {
     let status = if r.endpoints.admin.is_empty() {
         None
     } else {
-        match connect(&r.endpoints.admin, timeout, Bearer::default()).await {
+        let dial = tls.connector(&r.node_id, r.endpoints.tls, Some(&r.host));
+        let connected = match dial {
+            Ok(dial) => connect(&r.endpoints.admin, timeout, Bearer::default(), dial).await,
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(mut c) => tokio::time::timeout(timeout, c.status(StatusRequest {}))
                 .await
                 .ok()

@@ -55,7 +55,8 @@ fn a_failure_falls_back_one_step_at_a_time() {
     let all = Path::ALL;
     assert_eq!(l.choose("a", &all, t0), Path::Shm);
     assert_eq!(l.on_failure("a", Path::Shm, t0), Path::Rdma);
-    assert_eq!(l.on_failure("a", Path::Rdma, t0), Path::Grpc);
+    assert_eq!(l.on_failure("a", Path::Rdma, t0), Path::Quic);
+    assert_eq!(l.on_failure("a", Path::Quic, t0), Path::Grpc);
     assert_eq!(l.on_failure("a", Path::Grpc, t0), Path::Grpc);
     assert_eq!(l.choose("a", &all, t0 + S), Path::Grpc);
     assert!(l.is_broken("a", Path::Shm, t0 + S));
@@ -135,7 +136,7 @@ fn counters_track_attempts_outcomes_and_fallbacks() {
             ..Default::default()
         }
     );
-    assert_eq!(c.iter().count(), 3);
+    assert_eq!(c.iter().count(), Path::ALL.len());
     l.forget("a");
     assert_eq!(
         l.choose("a", &adv, t0),
@@ -186,7 +187,7 @@ proptest! {
             ..LadderConfig::default()
         });
         let mut now = Instant::now();
-        let mut advertised: [Vec<Path>; 3] = Default::default();
+        let mut advertised: [Vec<Path>; Path::ALL.len()] = Default::default();
         for op in ops {
             match op {
                 Op::Choose { peer, advertised: mask } => {

@@ -1,0 +1,175 @@
+//! The QUIC rung (issue 13): `ModelInfer` on one bidirectional QUIC stream
+//! per request to agents that advertise `endpoints.quic`, over TLS 1.3 with
+//! the client's TLS settings (the same CA, client certificate and name
+//! checks as gRPC over TLS). Frames: [`infermesh_proto::quic`].
+//!
+//! One connection per node, opened on first use within
+//! [`CONNECT_TIMEOUT`] (or half the attempt's time, if less), so a blocked
+//! UDP port costs one short wait before the ladder falls back to gRPC; any
+//! connection or stream failure is [`PathError::Broken`] and the request is
+//! re-sent on gRPC.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
+use infermesh_proto::quic::{ALPN, Answer, decode_response, encode_request};
+use infermesh_proto::tls::ClientTls;
+use infermesh_transport::Path;
+use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey};
+use tonic::{Code, Response, Status};
+
+use crate::paths::{BoxFuture, PathError, Peer, Transport};
+
+/// Longest wait for a QUIC handshake before falling back.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest response accepted.
+const MAX_MESSAGE_BYTES: usize = infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES;
+
+/// The QUIC rung.
+pub struct QuicRung {
+    tls: ClientTls,
+    v4: OnceLock<Result<quinn::Endpoint, String>>,
+    v6: OnceLock<Result<quinn::Endpoint, String>>,
+    conns: Mutex<HashMap<String, quinn::Connection>>,
+}
+
+impl QuicRung {
+    /// The rung with `tls`.
+    pub fn new(tls: ClientTls) -> Self {
+        QuicRung {
+            tls,
+            v4: OnceLock::new(),
+            v6: OnceLock::new(),
+            conns: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn endpoint(&self, to: SocketAddr) -> Result<quinn::Endpoint, String> {
+        let (cell, bind) = if to.is_ipv4() {
+            (&self.v4, "0.0.0.0:0")
+        } else {
+            (&self.v6, "[::]:0")
+        };
+        cell.get_or_init(|| {
+            quinn::Endpoint::client(bind.parse().expect("valid"))
+                .map_err(|e| format!("cannot open a UDP socket: {e}"))
+        })
+        .clone()
+    }
+
+    async fn connection(
+        &self,
+        peer: &Peer,
+        timeout: Duration,
+    ) -> Result<quinn::Connection, String> {
+        if let Some(c) = self.conns.lock().expect("quic lock").get(&peer.node) {
+            if c.close_reason().is_none() {
+                return Ok(c.clone());
+            }
+        }
+        let addr = peer.quic.ok_or("the node offers no QUIC endpoint")?;
+        let endpoint = self.endpoint(addr)?;
+        let crypto = self.tls.config(peer.host.as_deref(), &[ALPN]);
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+            .map_err(|e| format!("QUIC TLS configuration: {e}"))?;
+        let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+        let mut transport = quinn::TransportConfig::default();
+        transport
+            .stream_receive_window((16u32 << 20).into())
+            .receive_window((64u32 << 20).into())
+            .send_window(64 << 20)
+            .keep_alive_interval(Some(Duration::from_secs(10)));
+        config.transport_config(Arc::new(transport));
+        let connecting = endpoint
+            .connect_with(config, addr, &addr.ip().to_string())
+            .map_err(|e| format!("QUIC connect to {addr}: {e}"))?;
+        let wait = CONNECT_TIMEOUT.min(timeout / 2);
+        let conn = tokio::time::timeout(wait, connecting)
+            .await
+            .map_err(|_| format!("QUIC handshake with {addr} took over {wait:?}"))?
+            .map_err(|e| format!("QUIC handshake with {addr}: {e}"))?;
+        self.conns
+            .lock()
+            .expect("quic lock")
+            .insert(peer.node.clone(), conn.clone());
+        Ok(conn)
+    }
+
+    async fn infer(
+        &self,
+        peer: &Peer,
+        req: &ModelInferRequest,
+        timeout: Duration,
+    ) -> Result<Response<ModelInferResponse>, PathError> {
+        let conn = self
+            .connection(peer, timeout)
+            .await
+            .map_err(PathError::Broken)?;
+        let broken = |e: &dyn std::fmt::Display| {
+            self.conns.lock().expect("quic lock").remove(&peer.node);
+            PathError::Broken(format!("QUIC: {e}"))
+        };
+        let (mut send, mut recv) = conn.open_bi().await.map_err(|e| broken(&e))?;
+        let timeout_ms = timeout.as_millis().min(u32::MAX as u128) as u32;
+        send.write_all(&encode_request(req, timeout_ms))
+            .await
+            .map_err(|e| broken(&e))?;
+        send.finish().map_err(|e| broken(&e))?;
+        let bytes = recv
+            .read_to_end(MAX_MESSAGE_BYTES + (64 << 10))
+            .await
+            .map_err(|e| broken(&e))?;
+        let (answer, report) =
+            decode_response(bytes.into(), MAX_MESSAGE_BYTES).map_err(|e| broken(&e))?;
+        match answer {
+            Answer::Ok(resp) => {
+                let mut resp = Response::new(resp);
+                let md = resp.metadata_mut();
+                for (name, value) in report {
+                    if name.ends_with("-bin") {
+                        if let Ok(key) = MetadataKey::from_bytes(name.as_bytes()) {
+                            md.insert_bin(key, BinaryMetadataValue::from_bytes(&value));
+                        }
+                    } else if let (Ok(key), Ok(v)) = (
+                        MetadataKey::from_bytes(name.as_bytes()),
+                        AsciiMetadataValue::try_from(value.as_ref()),
+                    ) {
+                        md.insert(key, v);
+                    }
+                }
+                Ok(resp)
+            }
+            Answer::Status(code, message) => {
+                Err(PathError::Status(Status::new(Code::from(code), message)))
+            }
+        }
+    }
+}
+
+impl Transport for QuicRung {
+    fn path(&self) -> Path {
+        Path::Quic
+    }
+
+    fn reaches(&self, peer: &Peer) -> bool {
+        peer.quic.is_some()
+    }
+
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(self.infer(peer, req, timeout))
+    }
+
+    fn forget(&self, node: &str) {
+        if let Some(c) = self.conns.lock().expect("quic lock").remove(node) {
+            c.close(0u32.into(), b"node left");
+        }
+    }
+}

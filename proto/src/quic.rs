@@ -1,0 +1,221 @@
+//! The QUIC rung's wire format (issue 13): one bidirectional QUIC stream per
+//! `ModelInfer`, TLS 1.3 with the agent's certificate, ALPN [`ALPN`].
+//!
+//! Request (client → agent, then the client finishes its side):
+//! `version: u8 = 1 | timeout_ms: u32 | len: u32 | ModelInferRequest (protobuf, len bytes)`.
+//!
+//! Response (agent → client, then the agent finishes):
+//! `kind: u8` — `0`: `len: u32 | ModelInferResponse`; `1`: `code: u32 | len: u32 | message (UTF-8)` —
+//! then the load report: `count: u8 | count × (name_len: u8 | name | value_len: u16 | value)`,
+//! the same `infermesh-*` / ORCA entries as the gRPC trailers. Integers are big-endian.
+//!
+//! Every length is checked against a bound before anything is allocated.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use prost::Message;
+
+use crate::inference::{ModelInferRequest, ModelInferResponse};
+
+/// ALPN of the QUIC rung.
+pub const ALPN: &[u8] = b"infermesh-oip/1";
+/// Wire version of the request header.
+pub const VERSION: u8 = 1;
+/// Most load-report entries in a response.
+pub const MAX_REPORT_ENTRIES: usize = 16;
+/// Longest load-report value.
+pub const MAX_REPORT_VALUE: usize = 1024;
+/// Longest error message.
+pub const MAX_MESSAGE: usize = 4096;
+
+/// A malformed frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("QUIC frame: {0}")]
+pub struct FrameError(pub String);
+
+fn err<T>(why: impl Into<String>) -> Result<T, FrameError> {
+    Err(FrameError(why.into()))
+}
+
+/// Encodes a request frame.
+pub fn encode_request(req: &ModelInferRequest, timeout_ms: u32) -> Bytes {
+    let len = req.encoded_len();
+    let mut out = BytesMut::with_capacity(9 + len);
+    out.put_u8(VERSION);
+    out.put_u32(timeout_ms);
+    out.put_u32(len as u32);
+    req.encode(&mut out).expect("capacity reserved");
+    out.freeze()
+}
+
+/// Decodes a request frame of at most `max_bytes` of protobuf.
+pub fn decode_request(
+    mut buf: Bytes,
+    max_bytes: usize,
+) -> Result<(ModelInferRequest, u32), FrameError> {
+    if buf.remaining() < 9 {
+        return err("request shorter than its header");
+    }
+    if buf.get_u8() != VERSION {
+        return err("unknown version");
+    }
+    let timeout_ms = buf.get_u32();
+    let len = buf.get_u32() as usize;
+    if len > max_bytes {
+        return err(format!("request of {len} bytes is over {max_bytes}"));
+    }
+    if buf.remaining() != len {
+        return err("request length does not match its header");
+    }
+    let req = ModelInferRequest::decode(buf).map_err(|e| FrameError(e.to_string()))?;
+    Ok((req, timeout_ms))
+}
+
+/// What the agent answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// The response.
+    Ok(ModelInferResponse),
+    /// A gRPC status (code, message).
+    Status(i32, String),
+}
+
+/// Encodes a response frame with its load report (`(name, value)` pairs;
+/// entries beyond the bounds are left out).
+pub fn encode_response(answer: &Answer, report: &[(&str, &[u8])]) -> Bytes {
+    let mut out = BytesMut::new();
+    match answer {
+        Answer::Ok(resp) => {
+            let len = resp.encoded_len();
+            out.reserve(5 + len);
+            out.put_u8(0);
+            out.put_u32(len as u32);
+            resp.encode(&mut out).expect("capacity reserved");
+        }
+        Answer::Status(code, message) => {
+            let message = &message.as_bytes()[..message.len().min(MAX_MESSAGE)];
+            out.put_u8(1);
+            out.put_u32(*code as u32);
+            out.put_u32(message.len() as u32);
+            out.put_slice(message);
+        }
+    }
+    let report: Vec<_> = report
+        .iter()
+        .filter(|(n, v)| n.len() <= u8::MAX as usize && v.len() <= MAX_REPORT_VALUE)
+        .take(MAX_REPORT_ENTRIES)
+        .collect();
+    out.put_u8(report.len() as u8);
+    for (name, value) in report {
+        out.put_u8(name.len() as u8);
+        out.put_slice(name.as_bytes());
+        out.put_u16(value.len() as u16);
+        out.put_slice(value);
+    }
+    out.freeze()
+}
+
+/// A decoded response frame: the answer and the load report.
+pub type Decoded = (Answer, Vec<(String, Bytes)>);
+
+/// Decodes a response frame of at most `max_bytes` of protobuf.
+pub fn decode_response(mut buf: Bytes, max_bytes: usize) -> Result<Decoded, FrameError> {
+    let need = |buf: &Bytes, n: usize| {
+        if buf.remaining() < n {
+            err("response cut short")
+        } else {
+            Ok(())
+        }
+    };
+    need(&buf, 1)?;
+    let answer = match buf.get_u8() {
+        0 => {
+            need(&buf, 4)?;
+            let len = buf.get_u32() as usize;
+            if len > max_bytes {
+                return err(format!("response of {len} bytes is over {max_bytes}"));
+            }
+            need(&buf, len)?;
+            let body = buf.split_to(len);
+            Answer::Ok(ModelInferResponse::decode(body).map_err(|e| FrameError(e.to_string()))?)
+        }
+        1 => {
+            need(&buf, 8)?;
+            let code = buf.get_u32() as i32;
+            let len = buf.get_u32() as usize;
+            if len > MAX_MESSAGE {
+                return err("error message too long");
+            }
+            need(&buf, len)?;
+            let message = String::from_utf8_lossy(&buf.split_to(len)).into_owned();
+            Answer::Status(code, message)
+        }
+        _ => return err("unknown response kind"),
+    };
+    need(&buf, 1)?;
+    let count = buf.get_u8() as usize;
+    if count > MAX_REPORT_ENTRIES {
+        return err("too many load-report entries");
+    }
+    let mut report = Vec::with_capacity(count);
+    for _ in 0..count {
+        need(&buf, 1)?;
+        let n = buf.get_u8() as usize;
+        need(&buf, n)?;
+        let name = String::from_utf8(buf.split_to(n).to_vec())
+            .map_err(|_| FrameError("load-report name is not UTF-8".into()))?;
+        need(&buf, 2)?;
+        let v = buf.get_u16() as usize;
+        if v > MAX_REPORT_VALUE {
+            return err("load-report value too long");
+        }
+        need(&buf, v)?;
+        report.push((name, buf.split_to(v)));
+    }
+    if buf.has_remaining() {
+        return err("bytes after the load report");
+    }
+    Ok((answer, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_are_bounded() {
+        let req = ModelInferRequest {
+            model_name: "dense".into(),
+            raw_input_contents: vec![vec![7u8; 1000].into()],
+            ..Default::default()
+        };
+        let frame = encode_request(&req, 1500);
+        let (back, t) = decode_request(frame.clone(), 4096).unwrap();
+        assert_eq!((back, t), (req, 1500));
+        assert!(
+            decode_request(frame.clone(), 100).is_err(),
+            "over the bound"
+        );
+        assert!(decode_request(frame.slice(..frame.len() - 1), 4096).is_err());
+
+        let resp = ModelInferResponse {
+            model_name: "dense".into(),
+            ..Default::default()
+        };
+        let frame = encode_response(
+            &Answer::Ok(resp.clone()),
+            &[("infermesh-inflight", b"3"), ("x", &[0u8; 2000])],
+        );
+        let (answer, report) = decode_response(frame.clone(), 4096).unwrap();
+        assert!(matches!(answer, Answer::Ok(r) if r == resp));
+        assert_eq!(
+            report,
+            vec![("infermesh-inflight".to_string(), Bytes::from_static(b"3"))]
+        );
+        for cut in 0..frame.len() {
+            assert!(decode_response(frame.slice(..cut), 4096).is_err());
+        }
+        let frame = encode_response(&Answer::Status(14, "busy".into()), &[]);
+        let (answer, _) = decode_response(frame, 4096).unwrap();
+        assert!(matches!(answer, Answer::Status(14, m) if m == "busy"));
+    }
+}

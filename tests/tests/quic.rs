@@ -1,0 +1,147 @@
+//! The QUIC rung (issue 13) with a real agent, a real ZooKeeper and the
+//! client library: requests take QUIC (mTLS, the agent's certificate) when
+//! both ends offer it; a node whose advertised QUIC port is blocked (a UDP
+//! socket that never answers) or closed is served over gRPC without a
+//! failed request, and the ladder's counters show the fallback.
+
+use infermesh_client::{Client, PathsConfig};
+use infermesh_proto::registry::{NodeRecord, NodeState, node_path};
+use infermesh_proto::tls::ClientTls;
+use infermesh_tests::certs::Pki;
+use infermesh_tests::zk::Zk;
+use infermesh_tests::{Agent, dense, eventually, testworker};
+use infermesh_transport::Path;
+use zookeeper_client as zk;
+
+/// Starts an agent with TLS, client certificates and the QUIC rung, and a
+/// client with the certificate of an allowed client preferring QUIC.
+async fn setup(zk: &Zk, test: &str) -> (Agent, Client, zk::Client, NodeRecord) {
+    let dir = std::env::temp_dir().join(format!("infermesh-quic-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let pki = Pki::new(&dir, "fleet");
+    let server = pki.server("agent", &["127.0.0.1"], 1);
+    let trainer = pki.client("trainer", &["trainer.test"], 2);
+    let ca = pki.ca_file("fleet");
+    let agent = Agent::builder()
+        .config(format!(
+            "node_id = \"quic-a\"\n[registry]\nurl = \"{}\"\nservice = \"q\"\nsession_timeout = \"2s\"\n\
+             [transport]\nquic = \"on\"\n\
+             [tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\nallow_clients = [\"trainer.test\"]\n\
+             [[workers]]\ncommand = \"{}\"\n",
+            zk.url("/im"),
+            server.cert.display(),
+            server.key.display(),
+            ca.display(),
+            testworker("")
+        ))
+        .spawn();
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+    let tls = ClientTls::from_pem(
+        &read(&ca),
+        Some((&read(&trainer.cert), &read(&trainer.key))),
+    )
+    .unwrap();
+    let client = Client::builder()
+        .registry(zk.url("/im"))
+        .service("q")
+        .seed(3)
+        .tls(tls)
+        .transports(PathsConfig {
+            prefer: vec![Path::Quic, Path::Grpc],
+            ..Default::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let zk = zk::Client::connect(&format!("{}/im", zk.address()))
+        .await
+        .unwrap();
+    let record = eventually("the agent's record, serving", || async {
+        let (data, _) = zk.get_data(&node_path("q", "quic-a")).await.ok()?;
+        let r = NodeRecord::from_json(&data, "quic-a").ok()?;
+        (r.state == NodeState::Serving && r.models.iter().any(|m| m.ready)).then_some(r)
+    })
+    .await;
+    (agent, client, zk, record)
+}
+
+async fn send(client: &Client, n: usize) {
+    for i in 0..n {
+        let input = dense::input(2, i as u32);
+        let resp = client
+            .infer(dense::request(&input, true))
+            .await
+            .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+        assert_eq!(dense::output(&resp).0, dense::forward(&input));
+    }
+}
+
+#[tokio::test]
+async fn requests_take_quic_when_both_ends_offer_it() {
+    let zk = Zk::start().await;
+    let (_agent, client, _zk, record) = setup(&zk, "used").await;
+    assert!(record.endpoints.tls);
+    let quic = record.endpoints.quic.as_deref().expect("QUIC advertised");
+    assert_eq!(
+        quic.parse::<std::net::SocketAddr>().unwrap().ip(),
+        record.grpc_addr().ip()
+    );
+    eventually("the client sees the node", || async {
+        (client.membership().nodes.len() == 1).then_some(())
+    })
+    .await;
+    send(&client, 50).await;
+    let c = client.path_counters();
+    assert_eq!(c.get(Path::Quic).successes, 50, "{c:?}");
+    assert_eq!(c.get(Path::Quic).failures, 0, "{c:?}");
+    assert_eq!(c.get(Path::Grpc).attempts, 0, "{c:?}");
+    // The load report came back on QUIC too: the node's stats saw answers.
+    let stats = client.node_stats();
+    assert_eq!(stats["quic-a"].failures, 0);
+}
+
+#[tokio::test]
+async fn blocked_or_closed_quic_ports_fall_back_to_grpc_without_failures() {
+    let zk = Zk::start().await;
+    let (_agent, client, zk_client, record) = setup(&zk, "fallback").await;
+    // Two more nodes with the real agent's gRPC endpoint but a QUIC port
+    // that never answers (a bound UDP socket that reads nothing) and one
+    // that is closed.
+    let blackhole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let closed = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap()
+    };
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    for (id, quic) in [
+        ("blocked", blackhole.local_addr().unwrap()),
+        ("closed", closed),
+    ] {
+        let mut r = record.clone();
+        r.node_id = id.into();
+        r.endpoints.quic = Some(quic.to_string());
+        zk_client
+            .create(&node_path("q", id), &r.to_json(), &persistent)
+            .await
+            .unwrap();
+    }
+    eventually("the client sees three nodes", || async {
+        (client.membership().nodes.len() == 3).then_some(())
+    })
+    .await;
+    send(&client, 60).await;
+    let c = client.path_counters();
+    let (q, g) = (c.get(Path::Quic), c.get(Path::Grpc));
+    assert!(q.successes > 0, "the real node's QUIC works: {c:?}");
+    assert!(q.fallbacks >= 2, "both dead QUIC ports fell back: {c:?}");
+    assert_eq!(q.failures, q.fallbacks, "{c:?}");
+    assert!(
+        g.successes >= 2,
+        "the fallbacks were served over gRPC: {c:?}"
+    );
+    assert_eq!(g.failures, 0, "{c:?}");
+    // Broken paths are skipped until re-probed: at most one failed QUIC
+    // attempt per dead node in this run.
+    assert!(q.failures <= 2, "{c:?}");
+    drop(blackhole);
+}
