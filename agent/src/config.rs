@@ -36,8 +36,9 @@ pub struct RawConfig {
     pub admin_listen: Option<String>,
     /// KServe v2 HTTP/REST address (Triton's HTTP port is 8000); off unless set.
     pub http_listen: Option<String>,
-    /// The node's capacity score before the share of ready workers is applied.
-    pub weight: Option<f64>,
+    /// `"auto"` (the default): advertise the live capacity; a number pins
+    /// the capacity score (× the share of ready workers).
+    pub weight: Option<RawWeight>,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: Option<usize>,
     /// How long SIGTERM waits for in-flight requests before stopping workers.
@@ -260,6 +261,30 @@ impl FromStr for RdmaMode {
     }
 }
 
+/// `weight` as written: a number or a word (only `"auto"` is valid).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum RawWeight {
+    /// A pinned capacity score.
+    Number(f64),
+    /// `"auto"`.
+    Word(String),
+}
+
+impl FromStr for RawWeight {
+    type Err = std::convert::Infallible;
+
+    /// `--weight auto` or `--weight 2.5`; checked with the rest of the config.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.parse::<f64>() {
+            Ok(n) => RawWeight::Number(n),
+            Err(_) => RawWeight::Word(s.to_string()),
+        })
+    }
+}
+
+pub use crate::capacity::Weight;
+
 /// Checked agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -271,8 +296,8 @@ pub struct AgentConfig {
     pub admin_listen: SocketAddr,
     /// KServe v2 HTTP/REST listen address, if served.
     pub http_listen: Option<SocketAddr>,
-    /// Configured capacity score.
-    pub weight: f64,
+    /// Live capacity or a pinned score.
+    pub weight: Weight,
     /// Largest gRPC message, bytes.
     pub max_message_bytes: usize,
     /// Wait for in-flight requests on SIGTERM.
@@ -455,10 +480,23 @@ impl AgentConfig {
                 "node_id: '{node_id}' must be non-empty, without '/' or spaces"
             ));
         }
-        let weight = raw.weight.unwrap_or(1.0);
-        if !(weight.is_finite() && weight > 0.0) {
-            problems.push(format!("weight: {weight} must be a positive number"));
-        }
+        let weight = match raw.weight {
+            None => Weight::Auto,
+            Some(RawWeight::Word(w)) if w == "auto" => Weight::Auto,
+            Some(RawWeight::Word(w)) => {
+                problems.push(format!(
+                    "weight: '{}' must be \"auto\" or a positive number",
+                    w.escape_debug()
+                ));
+                Weight::Auto
+            }
+            Some(RawWeight::Number(w)) => {
+                if !(w.is_finite() && w > 0.0) {
+                    problems.push(format!("weight: {w} must be a positive number"));
+                }
+                Weight::Fixed(w)
+            }
+        };
         let max_message_bytes = raw
             .max_message_bytes
             .unwrap_or(infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES);
@@ -895,6 +933,29 @@ mod tests {
         // The example states the defaults of these sections: docs = code.
         assert_eq!(cfg.limits, limits::Limits::default());
         assert_eq!(cfg.drain_delay, DEFAULT_DRAIN_DELAY);
+    }
+
+    #[test]
+    fn weight_is_auto_unless_pinned() {
+        let weight = |toml: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("{toml}\n[[workers]]\ncommand = \"w\"\n")).unwrap(),
+            )
+            .map(|c| c.weight)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(weight(""), Ok(Weight::Auto));
+        assert_eq!(weight("weight = \"auto\""), Ok(Weight::Auto));
+        assert_eq!(weight("weight = 2.5"), Ok(Weight::Fixed(2.5)));
+        assert_eq!(weight("weight = 4"), Ok(Weight::Fixed(4.0)));
+        let err = weight("weight = \"fast\"").unwrap_err();
+        assert!(
+            err.contains("weight: 'fast' must be \"auto\" or a positive number"),
+            "{err}"
+        );
+        assert!(weight("weight = 0").is_err());
+        assert_eq!("auto".parse(), Ok(RawWeight::Word("auto".into())));
+        assert_eq!("3".parse(), Ok(RawWeight::Number(3.0)));
     }
 
     #[test]

@@ -40,6 +40,7 @@
 pub mod admin;
 pub mod agent;
 pub mod busy;
+pub mod capacity;
 pub mod config;
 pub mod conn;
 pub mod deadline;

@@ -563,34 +563,18 @@ impl HostGauges {
     }
 
     fn refresh(&self) {
-        if let Some(load) = std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
-        {
+        let host = crate::capacity::HostSample::read();
+        if let Some(load) = host.load1 {
             self.load1.set(load);
         }
-        if let Ok(n) = std::thread::available_parallelism() {
-            self.cpus.set(n.get() as i64);
+        if let Some(n) = host.cpus {
+            self.cpus.set(n as i64);
         }
-        if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
-            let kib = |key: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .and_then(|rest| {
-                        rest.trim()
-                            .trim_end_matches("kB")
-                            .trim()
-                            .parse::<i64>()
-                            .ok()
-                    })
-                    .map(|k| k * 1024)
-            };
-            if let Some(t) = kib("MemTotal:") {
-                self.memory_total.set(t);
-            }
-            if let Some(a) = kib("MemAvailable:") {
-                self.memory_available.set(a);
-            }
+        if let Some(t) = host.memory_total_bytes {
+            self.memory_total.set(t as i64);
+        }
+        if let Some(a) = host.memory_available_bytes {
+            self.memory_available.set(a as i64);
         }
     }
 }

@@ -40,9 +40,11 @@ pub struct AgentArgs {
     /// cross-thread wake-ups and latency.
     #[arg(long)]
     threads: Option<usize>,
-    /// Capacity score of this node (advertised weight = score × share of workers ready) [default: 1].
+    /// `auto`: advertise the live capacity (requests/s the ready workers can
+    /// serve, measured); a number pins the capacity score (advertised weight =
+    /// score × share of workers ready) [default: auto].
     #[arg(long)]
-    weight: Option<f64>,
+    weight: Option<infermesh_agent::config::RawWeight>,
     /// Registry to advertise this node in: zk://host:port[,host:port...][/chroot].
     #[arg(long, env = "INFERMESH_REGISTRY")]
     registry: Option<String>,
@@ -224,7 +226,7 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
         raw.http_listen = Some(h.clone());
     }
     if args.weight.is_some() {
-        raw.weight = args.weight;
+        raw.weight = args.weight.clone();
     }
     if args.registry.is_some() {
         raw.registry.url = args.registry.clone();
