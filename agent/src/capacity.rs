@@ -131,8 +131,8 @@ impl Meter {
         self.sample.completions += 1;
     }
 
-    /// A slot taken at `now` was given back unused (the request it was for
-    /// had gone): no completion.
+    /// A slot taken at `now` was given back without an answer (the request
+    /// failed or its caller had gone): its time counts, no completion.
     pub fn cancel(&mut self, now: Instant) {
         self.advance(now);
         self.in_flight = self.in_flight.saturating_sub(1);

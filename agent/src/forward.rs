@@ -411,6 +411,9 @@ impl Done {
     /// writes the final status (maybe rewritten) and the load report into
     /// `trailers`.
     fn finish(&mut self, trailers: &mut HeaderMap, status: Status) {
+        if let (Some(lease), Code::Ok) = (self.lease.as_mut(), status.code()) {
+            lease.served();
+        }
         self.lease = None;
         self.ticket = None;
         let code = status.code();

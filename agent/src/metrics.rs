@@ -216,7 +216,7 @@ impl Metrics {
         );
         registry.register(
             "weight",
-            "Advertised weight: capacity x share of workers ready",
+            "Advertised weight: the live capacity in requests per second (weight = \"auto\"), or the pinned weight x share of workers ready",
             weight.clone(),
         );
         registry.register(

@@ -280,12 +280,18 @@ impl Pool {
         }
     }
 
-    fn release(self: &Arc<Self>, worker: usize) {
+    fn release(self: &Arc<Self>, worker: usize, served: bool) {
         let mut s = lock(&self.sched);
         let slot = &mut s.slots[worker];
         slot.in_flight -= 1;
         slot.requests += 1;
-        slot.meter.finish(Instant::now());
+        // Only answers count as completions for the live capacity: a worker
+        // failing fast must not look fast. The slot time counts either way.
+        if served {
+            slot.meter.finish(Instant::now());
+        } else {
+            slot.meter.cancel(Instant::now());
+        }
         if slot.routable {
             s.hand_off(self, worker);
         }
@@ -511,6 +517,7 @@ impl Sched {
                     .expect("routable slots have a process"),
             ),
             armed: true,
+            served: false,
         }
     }
 
@@ -630,6 +637,8 @@ pub struct Lease {
     process: Arc<Process>,
     /// False for a lease taken back inside the pool's lock.
     armed: bool,
+    /// The worker answered the request (see [`Lease::served`]).
+    served: bool,
 }
 
 impl Lease {
@@ -647,12 +656,18 @@ impl Lease {
     pub fn process(&self) -> &Arc<Process> {
         &self.process
     }
+
+    /// The worker answered: the request counts as a completion in the
+    /// worker's live capacity when the permit is freed.
+    pub fn served(&mut self) {
+        self.served = true;
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            self.pool.release(self.worker);
+            self.pool.release(self.worker, self.served);
         }
     }
 }

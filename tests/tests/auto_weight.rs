@@ -92,21 +92,38 @@ async fn run_for(load: &Load, n: u64) {
     .await;
 }
 
-/// Requests per second one node serves alone under `callers` callers
-/// (more than its one slot, so it is saturated).
-async fn saturated_rate(agent: &Agent, n: u64) -> f64 {
-    let client = Client::builder()
-        .registry(format!("static://{}", agent.oip))
-        .build()
-        .await
-        .unwrap();
-    let load = Load::start(&client, 4, 1, request);
-    run_for(&load, 20).await;
-    let (start, from) = (Instant::now(), load.sent());
-    run_for(&load, n).await;
-    let rate = (load.sent() - from) as f64 / start.elapsed().as_secs_f64();
-    assert_eq!(load.stop().await, 0, "no request failed");
-    rate
+/// Saturates every node at once, each with its own client (a static list
+/// of that node, 4 callers for its one slot), until the slowest has served
+/// `n` more requests: the requests per second each served is its capacity
+/// under the same conditions. Returns those and the weights the records
+/// advertise at the end.
+async fn saturate_each(agents: &[Agent], fleet: &Client, n: u64) -> (Vec<f64>, Vec<f64>) {
+    let mut loads = Vec::new();
+    for a in agents {
+        let client = Client::builder()
+            .registry(format!("static://{}", a.oip))
+            .build()
+            .await
+            .unwrap();
+        loads.push(Load::start(&client, 4, 1, request));
+    }
+    // Warm up, and let the estimates forget the balanced phase (several
+    // half-lives of traffic at the slowest node).
+    run_for(&loads[2], n).await;
+    let start = Instant::now();
+    let from: Vec<u64> = loads.iter().map(Load::sent).collect();
+    run_for(&loads[2], n).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let rates = loads
+        .iter()
+        .zip(from)
+        .map(|(l, f)| (l.sent() - f) as f64 / elapsed)
+        .collect();
+    let weights = advertised(fleet);
+    for l in loads {
+        assert_eq!(l.stop().await, 0, "no request failed");
+    }
+    (rates, weights)
 }
 
 #[tokio::test]
@@ -118,35 +135,40 @@ async fn auto_weights_order_by_real_capacity() {
     let prior = advertised(&client);
     assert!(prior.iter().all(|&w| w > 0.0 && w <= 1.0), "{prior:?}");
 
+    // Balanced load through the registry: the client spreads it by the
+    // weights the nodes advertise.
     let load = Load::start(&client, 8, 1, request);
-    // Every node measured: each advertises requests/s, well above the prior.
     eventually("every node advertises a measured weight", || async {
         advertised(&client).iter().all(|&w| w > 10.0).then_some(())
     })
     .await;
-    // Then enough traffic for the smoothing to settle (several half-lives
-    // at the slowest node's share).
+    // Enough traffic for the smoothing to settle (several half-lives at the
+    // slowest node's share).
     run_for(&load, 6_000).await;
-    let weights = advertised(&client);
+    let balanced = advertised(&client);
     let stats = client.node_stats();
     assert_eq!(load.stop().await, 0, "no request failed");
-    eprintln!("advertised weights (2, 5, 20 ms): {weights:?}");
+    eprintln!(
+        "balanced load: advertised weights (2, 5, 20 ms) {balanced:?}, fastest/slowest {:.2}",
+        balanced[0] / balanced[2]
+    );
     for ms in SERVICE_MS {
         eprintln!("  {}: {:?}", node_id(ms), stats.get(&node_id(ms)));
     }
+    assert!(
+        balanced[0] > balanced[1] && balanced[1] > balanced[2],
+        "weights order by capacity: {balanced:?}"
+    );
 
-    // The true capacities, each node alone and saturated.
-    let mut truth = Vec::new();
-    for (a, n) in agents.iter().zip([1_500, 600, 150]) {
-        truth.push(saturated_rate(a, n).await);
-    }
+    // The true capacities: every node saturated at once, under the same
+    // conditions as one another; then what the records say.
+    let (truth, weights) = saturate_each(&agents, &client, 300).await;
     let true_ratio = truth[0] / truth[2];
     let advertised_ratio = weights[0] / weights[2];
     eprintln!(
-        "measured capacity alone (req/s): {truth:?}; true fastest/slowest {true_ratio:.2} \
-         (nominal 10); advertised {advertised_ratio:.2}"
+        "saturated: served {truth:.1?} req/s, advertised {weights:.1?}; fastest/slowest true \
+         {true_ratio:.2} (nominal 10), advertised {advertised_ratio:.2}"
     );
-
     assert!(
         weights[0] > weights[1] && weights[1] > weights[2],
         "weights order by capacity: {weights:?}"

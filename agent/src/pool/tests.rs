@@ -322,11 +322,14 @@ async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
     f.set_routable(0, true);
     f.set_routable(1, true);
     assert_eq!(f.pool.weight(), 2.0 * capacity::PRIOR);
-    // Worker a serves 20 requests, one at a time (b is pinned out).
+    // Worker a answers 20 requests, one at a time; b fails 20 (no answer:
+    // no completion, so a worker failing fast does not look fast).
     let m = f.model("m");
     for _ in 0..20 {
-        let lease = f.pool.acquire(m, Some(0), None).await.unwrap();
+        let mut lease = f.pool.acquire(m, Some(0), None).await.unwrap();
+        lease.served();
         drop(lease);
+        drop(f.pool.acquire(m, Some(1), None).await.unwrap());
     }
     let start = Instant::now();
     f.pool
