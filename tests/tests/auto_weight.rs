@@ -4,14 +4,13 @@
 //! records advertise order by real capacity, and fastest/slowest is within
 //! ±30% of the true ratio.
 //!
-//! The true ratio is measured, not assumed: each node alone, saturated by
-//! the client, serves `1 / (service time + the agent's and gRPC's share)`
+//! The true ratio is measured, not assumed: every node saturated at once by
+//! its own client serves `1 / (service time + the agent's and gRPC's share)`
 //! per second, and on a busy 2-core machine that share is not negligible
 //! next to 2 ms. Both the nominal 10× and the measured ratio are printed.
 //!
-//! `auto_vs_pinned_throughput` (ignored; `scripts/auto-weight.sh` runs it)
-//! compares the client's throughput on that fleet with auto weights against
-//! hand-set correct ones, for BENCHMARKS.md.
+//! `scripts/auto-weight.sh` compares the client's throughput on that fleet
+//! with auto weights against hand-set correct ones (BENCHMARKS.md).
 
 use std::time::Instant;
 
@@ -26,13 +25,12 @@ fn node_id(ms: u32) -> String {
     format!("node-{ms}ms")
 }
 
-/// An agent with one single-slot worker of `ms` per request; `weight` is
-/// the config line (`None`: the default, auto).
-fn agent(zk: &Zk, service: &str, ms: u32, weight: Option<f64>) -> Agent {
-    let weight = weight.map_or(String::new(), |w| format!("weight = {w}\n"));
+/// An agent with one single-slot worker of `ms` per request, its weight
+/// left at the default (auto).
+fn agent(zk: &Zk, service: &str, ms: u32) -> Agent {
     Agent::builder()
         .config(format!(
-            "node_id = \"{}\"\n{weight}[registry]\nurl = \"{}\"\nservice = \"{service}\"\n\
+            "node_id = \"{}\"\n[registry]\nurl = \"{}\"\nservice = \"{service}\"\n\
              session_timeout = \"5s\"\n[[workers]]\ncommand = \"{}\"\nmax_inflight = 1\n",
             node_id(ms),
             zk.url("/im"),
@@ -45,11 +43,10 @@ fn request(input: &[f32]) -> ModelInferRequest {
     dense::request(input, true)
 }
 
-async fn fleet(zk: &Zk, service: &str, weights: Option<[f64; 3]>) -> (Vec<Agent>, Client) {
+async fn fleet(zk: &Zk, service: &str) -> (Vec<Agent>, Client) {
     let agents: Vec<Agent> = SERVICE_MS
         .iter()
-        .enumerate()
-        .map(|(i, &ms)| agent(zk, service, ms, weights.map(|w| w[i])))
+        .map(|&ms| agent(zk, service, ms))
         .collect();
     for a in &agents {
         a.wait_ready().await;
@@ -129,7 +126,7 @@ async fn saturate_each(agents: &[Agent], fleet: &Client, n: u64) -> (Vec<f64>, V
 #[tokio::test]
 async fn auto_weights_order_by_real_capacity() {
     let zk = Zk::start().await;
-    let (agents, client) = fleet(&zk, "auto", None).await;
+    let (agents, client) = fleet(&zk, "auto").await;
     // Before any traffic every node advertises the prior, 1 per worker
     // (less on a host whose CPUs are saturated: the host factor).
     let prior = advertised(&client);
@@ -176,64 +173,5 @@ async fn auto_weights_order_by_real_capacity() {
     assert!(
         (advertised_ratio / true_ratio - 1.0).abs() <= 0.3,
         "advertised ratio {advertised_ratio:.2} within ±30% of the true {true_ratio:.2}"
-    );
-}
-
-/// For BENCHMARKS.md: the client's throughput on the 2/5/20 ms fleet with
-/// auto weights and with hand-set correct ones (capacities 500, 200, 50).
-/// Run with `scripts/auto-weight.sh`.
-#[tokio::test]
-#[ignore = "benchmark: scripts/auto-weight.sh"]
-async fn auto_vs_pinned_throughput() {
-    let callers: u32 = std::env::var("CALLERS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(16);
-    let requests: u64 = std::env::var("REQUESTS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(10_000);
-    let zk = Zk::start().await;
-    let mut results = Vec::new();
-    for (label, weights) in [
-        ("pinned 500/200/50", Some([500.0, 200.0, 50.0])),
-        ("auto", None),
-    ] {
-        let service = if weights.is_some() { "pinned" } else { "auto" };
-        let (agents, client) = fleet(&zk, service, weights).await;
-        let load = Load::start(&client, callers, 1, request);
-        // Warm up: connections, slow start, and (auto) the estimates.
-        eventually("every node advertises a measured weight", || async {
-            advertised(&client).iter().all(|&w| w > 10.0).then_some(())
-        })
-        .await;
-        run_for(&load, 2_000).await;
-        let before = client.node_stats();
-        let (start, from) = (Instant::now(), load.sent());
-        run_for(&load, requests).await;
-        let elapsed = start.elapsed();
-        let sent = load.sent() - from;
-        let after = client.node_stats();
-        let weights = advertised(&client);
-        assert_eq!(load.stop().await, 0, "no request failed");
-        let share: Vec<u64> = SERVICE_MS
-            .iter()
-            .map(|&ms| {
-                let id = node_id(ms);
-                after[&id].attempts - before.get(&id).map_or(0, |s| s.attempts)
-            })
-            .collect();
-        let rate = sent as f64 / elapsed.as_secs_f64();
-        println!(
-            "{label}: {rate:.0} req/s over {sent} requests, {callers} callers; \
-             requests per node (2/5/20 ms) {share:?}; weights {weights:?}"
-        );
-        results.push(rate);
-        drop(client);
-        drop(agents);
-    }
-    println!(
-        "auto / pinned throughput: {:.1}%",
-        100.0 * results[1] / results[0]
     );
 }
