@@ -39,6 +39,9 @@ pub struct RawConfig {
     /// `"auto"` (the default): advertise the live capacity; a number pins
     /// the capacity score (× the share of ready workers).
     pub weight: Option<RawWeight>,
+    /// OTLP/gRPC collector to export traces to (e.g. `http://127.0.0.1:4317`);
+    /// tracing is off without one. `OTEL_EXPORTER_OTLP_ENDPOINT` also sets it.
+    pub otlp_endpoint: Option<String>,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: Option<usize>,
     /// How long SIGTERM waits for in-flight requests before stopping workers.
@@ -285,6 +288,9 @@ impl FromStr for RawWeight {
 
 pub use crate::capacity::Weight;
 
+/// Longest `otlp_endpoint` accepted.
+pub const MAX_OTLP_ENDPOINT: usize = 1024;
+
 /// Checked agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -298,6 +304,8 @@ pub struct AgentConfig {
     pub http_listen: Option<SocketAddr>,
     /// Live capacity or a pinned score.
     pub weight: Weight,
+    /// OTLP trace collector; `None`: tracing off.
+    pub otlp_endpoint: Option<String>,
     /// Largest gRPC message, bytes.
     pub max_message_bytes: usize,
     /// Wait for in-flight requests on SIGTERM.
@@ -497,6 +505,18 @@ impl AgentConfig {
                 Weight::Fixed(w)
             }
         };
+        let otlp_endpoint = raw.otlp_endpoint.filter(|e| !e.is_empty());
+        if let Some(e) = &otlp_endpoint {
+            if e.len() > MAX_OTLP_ENDPOINT
+                || !(e.starts_with("http://") || e.starts_with("https://"))
+                || e.parse::<http::Uri>().is_err()
+            {
+                problems.push(format!(
+                    "otlp_endpoint: '{}' must be an http:// or https:// URL of at most {MAX_OTLP_ENDPOINT} bytes",
+                    e.chars().take(128).collect::<String>().escape_debug()
+                ));
+            }
+        }
         let max_message_bytes = raw
             .max_message_bytes
             .unwrap_or(infermesh_proto::DEFAULT_MAX_MESSAGE_BYTES);
@@ -605,6 +625,7 @@ impl AgentConfig {
                 admin_listen,
                 http_listen,
                 weight,
+                otlp_endpoint,
                 max_message_bytes,
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
                 drain_delay: raw.drain_delay.unwrap_or(DEFAULT_DRAIN_DELAY),
@@ -956,6 +977,29 @@ mod tests {
         assert!(weight("weight = 0").is_err());
         assert_eq!("auto".parse(), Ok(RawWeight::Word("auto".into())));
         assert_eq!("3".parse(), Ok(RawWeight::Number(3.0)));
+    }
+
+    #[test]
+    fn otlp_endpoint_is_an_http_url() {
+        let otlp = |toml: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("{toml}\n[[workers]]\ncommand = \"w\"\n")).unwrap(),
+            )
+            .map(|c| c.otlp_endpoint)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(otlp(""), Ok(None));
+        assert_eq!(otlp("otlp_endpoint = \"\""), Ok(None));
+        assert_eq!(
+            otlp("otlp_endpoint = \"http://127.0.0.1:4317\""),
+            Ok(Some("http://127.0.0.1:4317".into()))
+        );
+        for bad in ["collector:4317", "ftp://x", "http://a b"] {
+            let err = otlp(&format!("otlp_endpoint = \"{bad}\"")).unwrap_err();
+            assert!(err.contains("otlp_endpoint"), "{err}");
+        }
+        let long = format!("otlp_endpoint = \"http://{}\"", "a".repeat(2000));
+        assert!(otlp(&long).is_err());
     }
 
     #[test]

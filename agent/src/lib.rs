@@ -67,6 +67,7 @@ pub mod spawn;
 pub mod state;
 pub mod stream;
 pub mod supervisor;
+pub mod trace;
 pub mod trailer;
 pub mod upstream;
 pub mod worker_log;

@@ -44,6 +44,7 @@ pub mod discovery;
 pub mod paths;
 pub mod rdma_path;
 mod retry_budget;
+pub mod trace;
 
 pub use client::{Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;
