@@ -34,10 +34,14 @@
 //!
 //! **Before data and when idle.** Until a worker has [`MIN_COMPLETIONS`]
 //! (weighted) completions it has no estimate, and the node counts it at the
-//! mean estimate of its measured workers (same host, same GPUs), or at
-//! [`PRIOR`] when none is measured: a fresh node advertises a small weight,
-//! takes a trickle, and since the estimate does not depend on the load it is
-//! measured after a few requests. A tick without traffic changes nothing:
+//! per-slot mean of its measured workers (same host, same GPUs) × its slots,
+//! or at [`PRIOR_PER_SLOT`] × its slots when none is measured (10 ms per
+//! request, the order of GPU inference). The prior must be of the order of
+//! its measured peers': a fresh node advertising 1 among nodes advertising
+//! thousands would get one request in thousands and take minutes to be
+//! measured; one in the right order gets its share (ramped by the client's
+//! slow start) and, since the estimate does not depend on the load, is
+//! measured within a second or two. A tick without traffic changes nothing:
 //! the estimate holds instead of decaying to zero (an idle node is not a
 //! node without capacity), and is kept across worker restarts.
 //!
@@ -78,9 +82,9 @@ pub const HALF_LIFE: Duration = Duration::from_secs(5);
 /// Weighted completions a worker needs before its estimate is used.
 pub const MIN_COMPLETIONS: f64 = 8.0;
 
-/// Capacity counted for a worker with no estimate on a node without any,
-/// in requests per second.
-pub const PRIOR: f64 = 1.0;
+/// Capacity counted per slot of a worker with no estimate on a node without
+/// any, in requests per second (10 ms per request).
+pub const PRIOR_PER_SLOT: f64 = 100.0;
 
 /// Factor applied while the GPU's clocks are cut for heat or power delivery.
 pub const SLOWDOWN_FACTOR: f64 = 0.5;
@@ -183,22 +187,28 @@ impl Estimator {
 }
 
 /// The node's capacity: the sum over `workers` (each `(estimate, ready,
-/// health factor)`) of the ready ones, unmeasured ones counted at the mean of
-/// the measured ones or [`PRIOR`].
+/// health factor, slots)`) of the ready ones, unmeasured ones counted at the
+/// per-slot mean of the measured ones, or [`PRIOR_PER_SLOT`], × their slots.
 pub fn node_capacity<I>(workers: I) -> f64
 where
-    I: IntoIterator<Item = (Option<f64>, bool, f64)>,
+    I: IntoIterator<Item = (Option<f64>, bool, f64, usize)>,
     I::IntoIter: Clone,
 {
     let workers = workers.into_iter();
-    let (sum, n) = workers
+    let (sum, slots) = workers
         .clone()
-        .filter_map(|w| w.0)
-        .fold((0.0, 0usize), |(s, n), c| (s + c, n + 1));
-    let fill = if n == 0 { PRIOR } else { sum / n as f64 };
+        .filter_map(|w| Some((w.0?, w.3)))
+        .fold((0.0, 0usize), |(s, n), (c, k)| (s + c, n + k));
+    let per_slot = if slots == 0 {
+        PRIOR_PER_SLOT
+    } else {
+        sum / slots as f64
+    };
     workers
         .filter(|w| w.1)
-        .map(|(estimate, _, factor)| estimate.unwrap_or(fill) * factor)
+        .map(|(estimate, _, factor, slots)| {
+            estimate.unwrap_or(per_slot * slots.max(1) as f64) * factor
+        })
         .sum()
 }
 
@@ -485,19 +495,19 @@ mod tests {
     #[test]
     fn the_node_sums_ready_workers_and_fills_unmeasured_ones() {
         assert_eq!(node_capacity([]), 0.0);
-        // Nothing measured: the prior per ready worker.
+        // Nothing measured: the prior per slot of each ready worker.
         assert_eq!(
-            node_capacity([(None, true, 1.0), (None, false, 1.0)]),
-            PRIOR
+            node_capacity([(None, true, 1.0, 4), (None, false, 1.0, 1)]),
+            4.0 * PRIOR_PER_SLOT
         );
-        // One measured: the other counts at its value.
+        // One measured (100/s over 2 slots): the other counts at 50/s a slot.
         assert_eq!(
-            node_capacity([(Some(100.0), true, 1.0), (None, true, 1.0)]),
-            200.0
+            node_capacity([(Some(100.0), true, 1.0, 2), (None, true, 1.0, 4)]),
+            300.0
         );
         // Not ready: not counted; health scales each worker.
         assert_eq!(
-            node_capacity([(Some(100.0), true, 0.5), (Some(300.0), false, 1.0)]),
+            node_capacity([(Some(100.0), true, 0.5, 1), (Some(300.0), false, 1.0, 1)]),
             50.0
         );
     }

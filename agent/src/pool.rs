@@ -384,7 +384,7 @@ impl Pool {
             Weight::Auto => capacity::node_capacity(
                 s.slots
                     .iter()
-                    .map(|sl| (sl.estimator.capacity(), sl.routable, sl.health)),
+                    .map(|sl| (sl.estimator.capacity(), sl.routable, sl.health, sl.max)),
             ),
         }
     }
@@ -398,7 +398,7 @@ impl Pool {
                 lock(&self.sched)
                     .slots
                     .iter()
-                    .map(|sl| (sl.estimator.capacity(), true, 1.0)),
+                    .map(|sl| (sl.estimator.capacity(), true, 1.0, sl.max)),
             ),
         }
     }

@@ -321,7 +321,7 @@ async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
     assert_eq!(f.pool.weight(), 0.0);
     f.set_routable(0, true);
     f.set_routable(1, true);
-    assert_eq!(f.pool.weight(), 2.0 * capacity::PRIOR);
+    assert_eq!(f.pool.weight(), 2.0 * capacity::PRIOR_PER_SLOT);
     // Worker a answers 20 requests, one at a time; b fails 20 (no answer:
     // no completion, so a worker failing fast does not look fast).
     let m = f.model("m");
