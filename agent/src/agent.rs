@@ -337,6 +337,16 @@ impl Agent {
                 }
             });
         }
+        if cfg.weight == config::Weight::Auto {
+            let task = crate::capacity::run(Arc::clone(&gpus), Arc::clone(&pool));
+            let stop = stop_background.clone();
+            background.spawn(async move {
+                tokio::select! {
+                    _ = task => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
         let (set_phase, phase_rx) = watch::channel(Phase::Serving);
         let set_phase = Arc::new(set_phase);
         let registration = match &cfg.registry {
@@ -360,7 +370,10 @@ impl Agent {
                     node_id: cfg.node_id.clone(),
                     grpc: grpc.to_string(),
                     admin: admin.to_string(),
-                    score: cfg.weight,
+                    score: match cfg.weight {
+                        config::Weight::Fixed(w) => Some(w),
+                        config::Weight::Auto => None,
+                    },
                     gpus: Arc::clone(&gpus),
                     pool: Arc::clone(&pool),
                     rdma: rdma.as_ref().map(|r| r.kind().to_string()),

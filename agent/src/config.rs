@@ -36,8 +36,12 @@ pub struct RawConfig {
     pub admin_listen: Option<String>,
     /// KServe v2 HTTP/REST address (Triton's HTTP port is 8000); off unless set.
     pub http_listen: Option<String>,
-    /// The node's capacity score before the share of ready workers is applied.
-    pub weight: Option<f64>,
+    /// `"auto"` (the default): advertise the live capacity; a number pins
+    /// the capacity score (× the share of ready workers).
+    pub weight: Option<RawWeight>,
+    /// OTLP/gRPC collector to export traces to (e.g. `http://127.0.0.1:4317`);
+    /// tracing is off without one. `OTEL_EXPORTER_OTLP_ENDPOINT` also sets it.
+    pub otlp_endpoint: Option<String>,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: Option<usize>,
     /// How long SIGTERM waits for in-flight requests before stopping workers.
@@ -291,6 +295,33 @@ impl FromStr for RdmaMode {
     }
 }
 
+/// `weight` as written: a number or a word (only `"auto"` is valid).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum RawWeight {
+    /// A pinned capacity score.
+    Number(f64),
+    /// `"auto"`.
+    Word(String),
+}
+
+impl FromStr for RawWeight {
+    type Err = std::convert::Infallible;
+
+    /// `--weight auto` or `--weight 2.5`; checked with the rest of the config.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.parse::<f64>() {
+            Ok(n) => RawWeight::Number(n),
+            Err(_) => RawWeight::Word(s.to_string()),
+        })
+    }
+}
+
+pub use crate::capacity::Weight;
+
+/// Longest `otlp_endpoint` accepted.
+pub const MAX_OTLP_ENDPOINT: usize = 1024;
+
 /// Checked agent configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -302,8 +333,10 @@ pub struct AgentConfig {
     pub admin_listen: SocketAddr,
     /// KServe v2 HTTP/REST listen address, if served.
     pub http_listen: Option<SocketAddr>,
-    /// Configured capacity score.
-    pub weight: f64,
+    /// Live capacity or a pinned score.
+    pub weight: Weight,
+    /// OTLP trace collector; `None`: tracing off.
+    pub otlp_endpoint: Option<String>,
     /// Largest gRPC message, bytes.
     pub max_message_bytes: usize,
     /// Wait for in-flight requests on SIGTERM.
@@ -491,9 +524,34 @@ impl AgentConfig {
                 "node_id: '{node_id}' must be non-empty, without '/' or spaces"
             ));
         }
-        let weight = raw.weight.unwrap_or(1.0);
-        if !(weight.is_finite() && weight > 0.0) {
-            problems.push(format!("weight: {weight} must be a positive number"));
+        let weight = match raw.weight {
+            None => Weight::Auto,
+            Some(RawWeight::Word(w)) if w == "auto" => Weight::Auto,
+            Some(RawWeight::Word(w)) => {
+                problems.push(format!(
+                    "weight: '{}' must be \"auto\" or a positive number",
+                    w.escape_debug()
+                ));
+                Weight::Auto
+            }
+            Some(RawWeight::Number(w)) => {
+                if !(w.is_finite() && w > 0.0) {
+                    problems.push(format!("weight: {w} must be a positive number"));
+                }
+                Weight::Fixed(w)
+            }
+        };
+        let otlp_endpoint = raw.otlp_endpoint.filter(|e| !e.is_empty());
+        if let Some(e) = &otlp_endpoint {
+            if e.len() > MAX_OTLP_ENDPOINT
+                || !(e.starts_with("http://") || e.starts_with("https://"))
+                || e.parse::<http::Uri>().is_err()
+            {
+                problems.push(format!(
+                    "otlp_endpoint: '{}' must be an http:// or https:// URL of at most {MAX_OTLP_ENDPOINT} bytes",
+                    e.chars().take(128).collect::<String>().escape_debug()
+                ));
+            }
         }
         let max_message_bytes = raw
             .max_message_bytes
@@ -632,6 +690,7 @@ impl AgentConfig {
                 admin_listen,
                 http_listen,
                 weight,
+                otlp_endpoint,
                 max_message_bytes,
                 shutdown_grace: raw.shutdown_grace.unwrap_or(DEFAULT_SHUTDOWN_GRACE),
                 drain_delay: raw.drain_delay.unwrap_or(DEFAULT_DRAIN_DELAY),
@@ -1028,6 +1087,52 @@ mod tests {
         // The example states the defaults of these sections: docs = code.
         assert_eq!(cfg.limits, limits::Limits::default());
         assert_eq!(cfg.drain_delay, DEFAULT_DRAIN_DELAY);
+    }
+
+    #[test]
+    fn weight_is_auto_unless_pinned() {
+        let weight = |toml: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("{toml}\n[[workers]]\ncommand = \"w\"\n")).unwrap(),
+            )
+            .map(|c| c.weight)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(weight(""), Ok(Weight::Auto));
+        assert_eq!(weight("weight = \"auto\""), Ok(Weight::Auto));
+        assert_eq!(weight("weight = 2.5"), Ok(Weight::Fixed(2.5)));
+        assert_eq!(weight("weight = 4"), Ok(Weight::Fixed(4.0)));
+        let err = weight("weight = \"fast\"").unwrap_err();
+        assert!(
+            err.contains("weight: 'fast' must be \"auto\" or a positive number"),
+            "{err}"
+        );
+        assert!(weight("weight = 0").is_err());
+        assert_eq!("auto".parse(), Ok(RawWeight::Word("auto".into())));
+        assert_eq!("3".parse(), Ok(RawWeight::Number(3.0)));
+    }
+
+    #[test]
+    fn otlp_endpoint_is_an_http_url() {
+        let otlp = |toml: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("{toml}\n[[workers]]\ncommand = \"w\"\n")).unwrap(),
+            )
+            .map(|c| c.otlp_endpoint)
+            .map_err(|e| e.to_string())
+        };
+        assert_eq!(otlp(""), Ok(None));
+        assert_eq!(otlp("otlp_endpoint = \"\""), Ok(None));
+        assert_eq!(
+            otlp("otlp_endpoint = \"http://127.0.0.1:4317\""),
+            Ok(Some("http://127.0.0.1:4317".into()))
+        );
+        for bad in ["collector:4317", "ftp://x", "http://a b"] {
+            let err = otlp(&format!("otlp_endpoint = \"{bad}\"")).unwrap_err();
+            assert!(err.contains("otlp_endpoint"), "{err}");
+        }
+        let long = format!("otlp_endpoint = \"http://{}\"", "a".repeat(2000));
+        assert!(otlp(&long).is_err());
     }
 
     #[test]

@@ -33,6 +33,7 @@ use infermesh_sentinel::FaultPatterns;
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 use crate::conn::ConnInfo;
 use crate::deadline::header_timeout;
@@ -117,13 +118,18 @@ impl InferPath {
         let ticket = self.pool.admit();
         let (parts, body) = req.into_parts();
         let mut model = None;
+        // Off unless an OTLP endpoint is set (crate::trace).
+        let span = crate::trace::request_span(&parts.headers);
         let result = self
             .serve(&parts, body, started, deadline, ticket, &mut model)
+            .instrument(span.clone())
             .await;
         match result {
             Ok(resp) => resp,
             Err(status) => {
                 let status = Status::new(status.code(), status.message().to_string());
+                let _in = span.enter();
+                crate::trace::record("outcome", &format_args!("{:?}", status.code()));
                 self.metrics
                     .model(model, self.pool.models())
                     .request(status.code(), started.elapsed());
@@ -164,6 +170,7 @@ impl InferPath {
         let (id, meta) = match self.pool.models().lookup(&req.model_name) {
             Some((id, meta)) => {
                 *model = Some(id);
+                crate::trace::record("model", &req.model_name);
                 (id, meta)
             }
             None => return Err(self.pool.unavailable_reason(&req.model_name).into()),
@@ -185,6 +192,7 @@ impl InferPath {
         validate_request(&req, &meta).map_err(AgentError::from)?;
         drop(req);
         let lease = self.pool.acquire(id, None, deadline).await?;
+        crate::trace::record("worker", &lease.worker().id());
         self.metrics.transport(TransportPath::Grpc);
         let process = Arc::clone(lease.process());
         let head = upstream_head(&parts.headers, &process.upstream, deadline)?;
@@ -218,6 +226,7 @@ impl InferPath {
         }
         let (mut head, recv) = response.into_parts();
         let done = Done {
+            span: tracing::Span::current(),
             reporter: lease.worker().reporter().clone(),
             pid: process.pid,
             lease: Some(lease),
@@ -353,6 +362,8 @@ fn upstream_head(
         }
     }
     out.insert("te", HeaderValue::from_static("trailers"));
+    // The worker's spans are children of this request's (when tracing).
+    crate::trace::inject(out);
     if let Some(d) = deadline {
         let left = d.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -396,6 +407,8 @@ pub(crate) fn judge_worker_status(
 
 /// What is left to do when the worker's answer ends.
 struct Done {
+    /// The request's trace span (none unless tracing), open until the end.
+    span: tracing::Span,
     lease: Option<Lease>,
     ticket: Option<Ticket>,
     metrics: Arc<ModelMetrics>,
@@ -411,6 +424,9 @@ impl Done {
     /// writes the final status (maybe rewritten) and the load report into
     /// `trailers`.
     fn finish(&mut self, trailers: &mut HeaderMap, status: Status) {
+        if let (Some(lease), Code::Ok) = (self.lease.as_mut(), status.code()) {
+            lease.served();
+        }
         self.lease = None;
         self.ticket = None;
         let code = status.code();
@@ -422,6 +438,10 @@ impl Done {
             let _ = status.add_header(trailers);
         }
         self.metrics.request(status.code(), self.started.elapsed());
+        if !self.span.is_none() {
+            let _in = self.span.enter();
+            crate::trace::record("outcome", &format_args!("{:?}", status.code()));
+        }
         add_report(&self.pool, trailers);
     }
 }
@@ -432,6 +452,10 @@ impl Drop for Done {
             // The caller went away before the worker answered.
             self.metrics
                 .request(Code::Cancelled, self.started.elapsed());
+            if !self.span.is_none() {
+                let _in = self.span.enter();
+                crate::trace::record("outcome", &"Cancelled");
+            }
         }
     }
 }

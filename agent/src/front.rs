@@ -95,7 +95,7 @@ impl Front {
         if !with_shm {
             validate_request(req, meta).map_err(AgentError::from)?;
         }
-        let lease = self.pool.acquire(model, None, deadline).await?;
+        let mut lease = self.pool.acquire(model, None, deadline).await?;
         let process = Arc::clone(lease.process());
         let (prepared, path) = if with_shm {
             let p = shm::prepare(&self.shm, owner, lease.worker(), &process, req).await?;
@@ -131,6 +131,7 @@ impl Front {
                 judge_worker_status(lease.worker().reporter(), process.pid, &self.patterns, s)
             })?
             .into_inner();
+        lease.served();
         drop(lease);
         if let Some(p) = prepared {
             shm::finish(&self.shm, owner, p, &mut resp)?;

@@ -74,7 +74,26 @@ impl OutputSink {
             tracing::error!(target: "infermesh::worker", worker = %self.worker, stream, pattern, "{line}");
             self.reporter.fault_line(pid, pattern, line);
         } else {
-            tracing::info!(target: "infermesh::worker", worker = %self.worker, stream, "{line}");
+            use tracing::Level;
+            // At the worker's own level when its format says (Triton's
+            // `E…`/`W…`/`I…`, `ERROR:`…); info otherwise.
+            match crate::output::level_of(line).unwrap_or(Level::INFO) {
+                Level::ERROR => {
+                    tracing::error!(target: "infermesh::worker", worker = %self.worker, stream, "{line}")
+                }
+                Level::WARN => {
+                    tracing::warn!(target: "infermesh::worker", worker = %self.worker, stream, "{line}")
+                }
+                Level::INFO => {
+                    tracing::info!(target: "infermesh::worker", worker = %self.worker, stream, "{line}")
+                }
+                Level::DEBUG => {
+                    tracing::debug!(target: "infermesh::worker", worker = %self.worker, stream, "{line}")
+                }
+                _ => {
+                    tracing::trace!(target: "infermesh::worker", worker = %self.worker, stream, "{line}")
+                }
+            }
         }
         self.log.push_output(line.to_string());
     }

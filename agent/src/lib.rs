@@ -41,6 +41,7 @@
 pub mod admin;
 pub mod agent;
 pub mod busy;
+pub mod capacity;
 pub mod config;
 pub mod conn;
 pub mod deadline;
@@ -69,6 +70,7 @@ pub mod state;
 pub mod stream;
 pub mod supervisor;
 pub mod tls;
+pub mod trace;
 pub mod trailer;
 pub mod upstream;
 pub mod worker_log;

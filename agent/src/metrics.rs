@@ -216,7 +216,7 @@ impl Metrics {
         );
         registry.register(
             "weight",
-            "Advertised weight: capacity x share of workers ready",
+            "Advertised weight: the live capacity in requests per second (weight = \"auto\"), or the pinned weight x share of workers ready",
             weight.clone(),
         );
         registry.register(
@@ -386,6 +386,16 @@ impl Metrics {
                 l.push(("type", kind.to_string()));
                 g.ecc.get_or_create(&l).set(n as i64);
             }
+            g.throttle_reasons
+                .get_or_create(&labels)
+                .set(s.throttle_reasons as i64);
+            for (bit, reason) in infermesh_gpu::throttle::ALL {
+                let mut l = labels.clone();
+                l.push(("reason", reason.to_string()));
+                g.throttled
+                    .get_or_create(&l)
+                    .set(i64::from(s.throttle_reasons & bit != 0));
+            }
         }
     }
 
@@ -461,6 +471,8 @@ struct GpuGauges {
     power: Family<Labels, Gauge<f64, AtomicU64>>,
     temperature: Family<Labels, Gauge>,
     ecc: Family<Labels, Gauge>,
+    throttle_reasons: Family<Labels, Gauge>,
+    throttled: Family<Labels, Gauge>,
 }
 
 impl GpuGauges {
@@ -472,6 +484,8 @@ impl GpuGauges {
             power: Family::default(),
             temperature: Family::default(),
             ecc: Family::default(),
+            throttle_reasons: Family::default(),
+            throttled: Family::default(),
         };
         registry.register(
             "gpu_utilization_ratio",
@@ -498,6 +512,16 @@ impl GpuGauges {
             "gpu_ecc_errors",
             "ECC errors since the driver loaded, by type (corrected|uncorrected)",
             g.ecc.clone(),
+        );
+        registry.register(
+            "gpu_throttle_reasons",
+            "Why the GPU's clocks are held down: NVML's clocks-throttle-reasons bitmask (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)",
+            g.throttle_reasons.clone(),
+        );
+        registry.register(
+            "gpu_throttled",
+            "1 while the GPU's clocks are held down for this reason (the bits of gpu_throttle_reasons)",
+            g.throttled.clone(),
         );
         g
     }
@@ -539,34 +563,18 @@ impl HostGauges {
     }
 
     fn refresh(&self) {
-        if let Some(load) = std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
-        {
+        let host = crate::capacity::HostSample::read();
+        if let Some(load) = host.load1 {
             self.load1.set(load);
         }
-        if let Ok(n) = std::thread::available_parallelism() {
-            self.cpus.set(n.get() as i64);
+        if let Some(n) = host.cpus {
+            self.cpus.set(n as i64);
         }
-        if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
-            let kib = |key: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .and_then(|rest| {
-                        rest.trim()
-                            .trim_end_matches("kB")
-                            .trim()
-                            .parse::<i64>()
-                            .ok()
-                    })
-                    .map(|k| k * 1024)
-            };
-            if let Some(t) = kib("MemTotal:") {
-                self.memory_total.set(t);
-            }
-            if let Some(a) = kib("MemAvailable:") {
-                self.memory_available.set(a);
-            }
+        if let Some(t) = host.memory_total_bytes {
+            self.memory_total.set(t as i64);
+        }
+        if let Some(a) = host.memory_available_bytes {
+            self.memory_available.set(a as i64);
         }
     }
 }
@@ -744,6 +752,33 @@ mod tests {
                 d.memory_total_bytes
             )));
         }
+        // Throttle reasons: the bitmask and one series per reason.
+        let l0 = format!(r#"gpu="0",uuid="{}""#, devices[0].uuid);
+        assert!(
+            text.contains(&format!("infermesh_gpu_throttle_reasons{{{l0}}} 1\n")),
+            "an idle fake GPU reports gpu_idle: {text}"
+        );
+        fake.set_sample(infermesh_gpu::GpuSample {
+            index: 0,
+            throttle_reasons: infermesh_gpu::throttle::HW_THERMAL_SLOWDOWN
+                | infermesh_gpu::throttle::SW_POWER_CAP,
+            ..Default::default()
+        });
+        metrics.record_gpus(&devices, &fake.sample());
+        let text = metrics.render(&crate::testing::idle_pool());
+        assert!(text.contains(&format!("infermesh_gpu_throttle_reasons{{{l0}}} 68\n")));
+        for (reason, on) in [
+            ("hw_thermal_slowdown", 1),
+            ("sw_power_cap", 1),
+            ("gpu_idle", 0),
+        ] {
+            let line = format!(r#"infermesh_gpu_throttled{{{l0},reason="{reason}"}} {on}"#);
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
+        assert_eq!(
+            text.matches("infermesh_gpu_throttled{").count(),
+            devices.len() * infermesh_gpu::throttle::ALL.len()
+        );
         assert!(
             text.contains("infermesh_host_memory_total_bytes "),
             "{text}"

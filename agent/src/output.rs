@@ -15,7 +15,8 @@
 //! - it stops only at end of file (the worker closed the pipe or exited) or
 //!   on a read error, which pipes do not produce in practice.
 //!
-//! Fault patterns are matched on the (possibly cut) line by the caller.
+//! Fault patterns are matched on the (possibly cut) line by the caller,
+//! which logs each line at the level the worker gave it ([`level_of`]).
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
@@ -66,6 +67,50 @@ pub async fn read_lines(
     }
 }
 
+/// The level a worker gave `line`, when its format says so:
+///
+/// - glog, as Triton, TensorFlow and many C++ servers write:
+///   `E1123 14:02:11.123456 1 server.cc:42] …` — `I`, `W`, `E` or `F`
+///   (fatal, logged as error) then the month and day;
+/// - a leading level word, bare, bracketed or followed by `:`, as Python's
+///   `logging` (`ERROR:root:…`), vLLM (`ERROR 11-23 14:02:11 …`), Go and
+///   most others write: `ERROR`, `ERR`, `FATAL`, `CRITICAL`, `WARNING`, `WARN`,
+///   `INFO`, `DEBUG`, `TRACE`, in any case.
+///
+/// `None` for anything else (the caller logs it at info). Only the start of
+/// the line is looked at: a level word later in a message says nothing.
+pub fn level_of(line: &str) -> Option<tracing::Level> {
+    use tracing::Level;
+    let b = line.as_bytes();
+    if b.len() > 6 && b[1..5].iter().all(u8::is_ascii_digit) && b[5] == b' ' {
+        match b[0] {
+            b'I' => return Some(Level::INFO),
+            b'W' => return Some(Level::WARN),
+            b'E' | b'F' => return Some(Level::ERROR),
+            _ => {}
+        }
+    }
+    let word: String = line
+        .trim_start_matches('[')
+        .chars()
+        .take_while(char::is_ascii_alphabetic)
+        .take(9)
+        .collect::<String>()
+        .to_ascii_uppercase();
+    let rest = line.trim_start_matches('[').get(word.len()..).unwrap_or("");
+    if !(rest.is_empty() || rest.starts_with([' ', ':', ']', '\t', '|', '-'])) {
+        return None;
+    }
+    match word.as_str() {
+        "ERROR" | "ERR" | "FATAL" | "CRITICAL" => Some(Level::ERROR),
+        "WARNING" | "WARN" => Some(Level::WARN),
+        "INFO" => Some(Level::INFO),
+        "DEBUG" => Some(Level::DEBUG),
+        "TRACE" => Some(Level::TRACE),
+        _ => None,
+    }
+}
+
 fn emit(line: &[u8], truncated: bool, on_line: &mut impl FnMut(&str)) {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let text = String::from_utf8_lossy(line);
@@ -90,6 +135,41 @@ mod tests {
         .await
         .unwrap();
         out
+    }
+
+    #[test]
+    fn levels_of_common_formats() {
+        use tracing::Level;
+        for (line, level) in [
+            (
+                "E1123 14:02:11.123456 1 server.cc:42] failed to load model",
+                Some(Level::ERROR),
+            ),
+            ("W1123 14:02:11.1 1 x.cc:1] slow", Some(Level::WARN)),
+            ("I1123 14:02:11.1 1 x.cc:1] started", Some(Level::INFO)),
+            (
+                "F0101 00:00:00.0 1 x.cc:1] check failed",
+                Some(Level::ERROR),
+            ),
+            ("ERROR:root:out of memory", Some(Level::ERROR)),
+            ("ERROR 11-23 14:02:11 engine.py:1] dead", Some(Level::ERROR)),
+            ("[WARNING] low memory", Some(Level::WARN)),
+            ("warn: deprecated flag", Some(Level::WARN)),
+            ("INFO: Uvicorn running", Some(Level::INFO)),
+            ("DEBUG batch=4", Some(Level::DEBUG)),
+            ("CRITICAL - gone", Some(Level::ERROR)),
+            ("Error", Some(Level::ERROR)),
+            // Not a level at the start: info by default.
+            ("Errors so far: 0", None),
+            ("Information about the model", None),
+            ("E11 short", None),
+            ("Everything fine", None),
+            ("loading model; ERROR later in the line", None),
+            ("", None),
+            ("É1123 14:02:11 x", None),
+        ] {
+            assert_eq!(level_of(line), level, "{line:?}");
+        }
     }
 
     #[tokio::test]

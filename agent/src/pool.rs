@@ -33,6 +33,7 @@ use infermesh_sentinel::State;
 use tokio::sync::oneshot;
 
 use crate::busy::{BusyWindow, RateWindow};
+use crate::capacity::{self, Estimator, Meter, Weight};
 use crate::error::AgentError;
 use crate::models::{ModelId, Models};
 use crate::state::{Process, Worker};
@@ -42,7 +43,7 @@ use crate::state::{Process, Worker};
 pub struct Pool {
     workers: Vec<Arc<Worker>>,
     models: Models,
-    weight: f64,
+    weight: Weight,
     queue_capacity: usize,
     sched: Mutex<Sched>,
     stopping: AtomicBool,
@@ -75,6 +76,11 @@ struct Slot {
     in_flight: usize,
     max: usize,
     requests: u64,
+    /// Slot time and completions, for the live capacity.
+    meter: Meter,
+    estimator: Estimator,
+    /// Health factor of the worker's GPU and the host (`capacity`).
+    health: f64,
 }
 
 #[derive(Debug)]
@@ -97,19 +103,24 @@ fn lock(m: &Mutex<Sched>) -> MutexGuard<'_, Sched> {
 
 impl Pool {
     /// A pool over `workers` (each knowing its index), advertising `weight`
-    /// when all are ready.
-    pub fn new(workers: Vec<Arc<Worker>>, weight: f64, queue_capacity: usize) -> Arc<Self> {
+    /// (a number when all are ready, or the live capacity).
+    pub fn new(
+        workers: Vec<Arc<Worker>>,
+        weight: impl Into<Weight>,
+        queue_capacity: usize,
+    ) -> Arc<Self> {
         let slots = workers
             .iter()
             .map(|w| Slot {
                 max: w.spec.max_inflight,
+                health: 1.0,
                 ..Default::default()
             })
             .collect();
         let pool = Arc::new(Self {
             workers,
             models: Models::default(),
-            weight,
+            weight: weight.into(),
             queue_capacity,
             sched: Mutex::new(Sched {
                 slots,
@@ -269,11 +280,18 @@ impl Pool {
         }
     }
 
-    fn release(self: &Arc<Self>, worker: usize) {
+    fn release(self: &Arc<Self>, worker: usize, served: bool) {
         let mut s = lock(&self.sched);
         let slot = &mut s.slots[worker];
         slot.in_flight -= 1;
         slot.requests += 1;
+        // Only answers count as completions for the live capacity: a worker
+        // failing fast must not look fast. The slot time counts either way.
+        if served {
+            slot.meter.finish(Instant::now());
+        } else {
+            slot.meter.cancel(Instant::now());
+        }
         if slot.routable {
             s.hand_off(self, worker);
         }
@@ -350,16 +368,62 @@ impl Pool {
         (s.slots[index].in_flight, s.slots[index].requests)
     }
 
-    /// Configured weight × share of workers routable.
+    /// The advertised weight: the configured number × share of workers
+    /// routable, or (`weight = "auto"`) the live capacity of the routable
+    /// workers in requests per second (see [`capacity`]).
     pub fn weight(&self) -> f64 {
-        self.weight_with(lock(&self.sched).routable)
+        self.weight_with(&lock(&self.sched))
     }
 
-    fn weight_with(&self, routable: usize) -> f64 {
+    fn weight_with(&self, s: &Sched) -> f64 {
         if self.workers.is_empty() {
             return 0.0;
         }
-        self.weight * routable as f64 / self.workers.len() as f64
+        match self.weight {
+            Weight::Fixed(w) => w * s.routable as f64 / self.workers.len() as f64,
+            Weight::Auto => capacity::node_capacity(
+                s.slots
+                    .iter()
+                    .map(|sl| (sl.estimator.capacity(), sl.routable, sl.health, sl.max)),
+            ),
+        }
+    }
+
+    /// The capacity score: the configured number, or the live capacity of
+    /// all workers, ready or not.
+    pub fn score(&self) -> f64 {
+        match self.weight {
+            Weight::Fixed(w) => w,
+            Weight::Auto => capacity::node_capacity(
+                lock(&self.sched)
+                    .slots
+                    .iter()
+                    .map(|sl| (sl.estimator.capacity(), true, 1.0, sl.max)),
+            ),
+        }
+    }
+
+    /// One [`capacity::TICK`] of the live capacity: folds what each worker
+    /// served since the last call (`tick` ago) into its estimate and sets
+    /// each worker's health factor (`health[i]` for worker `i`; missing
+    /// ones are 1).
+    pub fn capacity_tick(&self, now: Instant, tick: std::time::Duration, health: &[f64]) {
+        let mut s = lock(&self.sched);
+        for (i, slot) in s.slots.iter_mut().enumerate() {
+            let sample = slot.meter.take(now);
+            slot.estimator.observe(sample, tick, slot.max);
+            slot.health = health.get(i).copied().unwrap_or(1.0);
+        }
+    }
+
+    /// Each worker's estimated capacity in requests per second, once
+    /// measured.
+    pub fn worker_capacity(&self) -> Vec<Option<f64>> {
+        lock(&self.sched)
+            .slots
+            .iter()
+            .map(|sl| sl.estimator.capacity())
+            .collect()
     }
 
     /// The node's current load.
@@ -376,7 +440,7 @@ impl Pool {
             in_flight: s.in_flight,
             queued: s.queued as u64,
             busy_ratio: s.busy.ratio(now),
-            weight: self.weight_with(s.routable),
+            weight: self.weight_with(&s),
         };
         (report, s.completions.per_second(now))
     }
@@ -442,6 +506,7 @@ impl Sched {
     fn lease(&mut self, pool: &Arc<Pool>, worker: usize, model: ModelId) -> Lease {
         let slot = &mut self.slots[worker];
         slot.in_flight += 1;
+        slot.meter.start(Instant::now());
         Lease {
             pool: Arc::clone(pool),
             worker,
@@ -452,6 +517,7 @@ impl Sched {
                     .expect("routable slots have a process"),
             ),
             armed: true,
+            served: false,
         }
     }
 
@@ -482,6 +548,7 @@ impl Sched {
                 // re-entering this lock, and try the next one.
                 lease.armed = false;
                 self.slots[worker].in_flight -= 1;
+                self.slots[worker].meter.cancel(Instant::now());
             }
         }
     }
@@ -570,6 +637,8 @@ pub struct Lease {
     process: Arc<Process>,
     /// False for a lease taken back inside the pool's lock.
     armed: bool,
+    /// The worker answered the request (see [`Lease::served`]).
+    served: bool,
 }
 
 impl Lease {
@@ -587,12 +656,18 @@ impl Lease {
     pub fn process(&self) -> &Arc<Process> {
         &self.process
     }
+
+    /// The worker answered: the request counts as a completion in the
+    /// worker's live capacity when the permit is freed.
+    pub fn served(&mut self) {
+        self.served = true;
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            self.pool.release(self.worker);
+            self.pool.release(self.worker, self.served);
         }
     }
 }

@@ -26,8 +26,9 @@ pub struct Advertised {
     pub grpc: String,
     /// Admin address.
     pub admin: String,
-    /// Configured capacity score.
-    pub score: f64,
+    /// Configured capacity score; `None` with `weight = "auto"` (the live
+    /// capacity of all workers is advertised instead).
+    pub score: Option<f64>,
     /// GPU telemetry (model name and count).
     pub gpus: Arc<dyn GpuTelemetry>,
     /// The pool (state, weight, models).
@@ -69,7 +70,7 @@ impl Advertise for Advertised {
             capacity: Capacity {
                 gpu_model: devices.first().map(|d| d.name.clone()).unwrap_or_default(),
                 gpu_count: devices.len() as u32,
-                score: self.score,
+                score: self.score.unwrap_or_else(|| self.pool.score()),
             },
             endpoints: Endpoints {
                 grpc: self.grpc.clone(),

@@ -171,10 +171,13 @@ async fn drive(
             }
         };
         if is_final(&resp) {
-            let done = pending
+            let mut done = pending
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop_front();
+            if let Some(d) = done.as_mut() {
+                d.lease.served();
+            }
             if let (
                 Some(InFlight {
                     outputs: Some(p), ..

@@ -40,9 +40,11 @@ pub struct AgentArgs {
     /// cross-thread wake-ups and latency.
     #[arg(long)]
     threads: Option<usize>,
-    /// Capacity score of this node (advertised weight = score × share of workers ready) [default: 1].
+    /// `auto`: advertise the live capacity (requests/s the ready workers can
+    /// serve, measured); a number pins the capacity score (advertised weight =
+    /// score × share of workers ready) [default: auto].
     #[arg(long)]
-    weight: Option<f64>,
+    weight: Option<infermesh_agent::config::RawWeight>,
     /// Registry to advertise this node in: zk://host:port[,host:port...][/chroot].
     #[arg(long, env = "INFERMESH_REGISTRY")]
     registry: Option<String>,
@@ -88,6 +90,10 @@ pub struct AgentArgs {
     /// program, 69 when a listen address is taken.
     #[arg(long)]
     check_config: bool,
+    /// Export OpenTelemetry traces over OTLP/gRPC to this collector, e.g.
+    /// http://127.0.0.1:4317 [default: off].
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// Log lines as human-readable text or as one JSON object per line.
     #[arg(long, value_enum, env = "INFERMESH_LOG_FORMAT", default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -172,14 +178,17 @@ fn find_program(program: &str) -> Option<PathBuf> {
 }
 
 pub fn main(args: AgentArgs) -> i32 {
-    crate::logging::init(args.log_format);
     let cfg = match load(&args) {
         Ok(cfg) => cfg,
         Err(e) => {
+            crate::logging::init(args.log_format);
             eprintln!("error: {e}");
             return exit::CONFIG;
         }
     };
+    if args.check_config || cfg.otlp_endpoint.is_none() {
+        crate::logging::init(args.log_format);
+    }
     if args.check_config {
         return check_config(&cfg);
     }
@@ -195,7 +204,34 @@ pub fn main(args: AgentArgs) -> i32 {
         None => tokio::runtime::Builder::new_multi_thread(),
     };
     let runtime = builder.enable_all().build().expect("tokio runtime");
-    match runtime.block_on(infermesh_agent::run(cfg, shutdown_signal())) {
+    // The OTLP exporter's channel lives on the runtime.
+    let tracer = match &cfg.otlp_endpoint {
+        None => None,
+        Some(endpoint) => {
+            let _in = runtime.enter();
+            match infermesh_agent::trace::otlp(endpoint) {
+                Ok(provider) => {
+                    crate::logging::init_with(args.log_format, Some(provider.clone()));
+                    tracing::info!(endpoint, "exporting traces over OTLP");
+                    Some(provider)
+                }
+                Err(e) => {
+                    crate::logging::init(args.log_format);
+                    eprintln!("error: {e}");
+                    return exit::CONFIG;
+                }
+            }
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let outcome = infermesh_agent::run(cfg, shutdown_signal()).await;
+        if let Some(provider) = tracer {
+            // Flushes the last spans; blocking, and it needs the runtime.
+            let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        }
+        outcome
+    });
+    match outcome {
         Ok(()) => exit::OK,
         Err(e @ infermesh_agent::RunError::Bind { .. }) => {
             eprintln!("error: {e}");
@@ -258,7 +294,10 @@ fn load(args: &AgentArgs) -> Result<AgentConfig, Box<dyn std::error::Error>> {
         raw.http_listen = Some(h.clone());
     }
     if args.weight.is_some() {
-        raw.weight = args.weight;
+        raw.weight = args.weight.clone();
+    }
+    if args.otlp_endpoint.is_some() {
+        raw.otlp_endpoint = args.otlp_endpoint.clone();
     }
     if args.registry.is_some() {
         raw.registry.url = args.registry.clone();

@@ -33,6 +33,7 @@ use infermesh_proto::registry::{NodeRecord, NodeState as WireState, RegistryUrl}
 use infermesh_proto::tensor::{f32_to_raw, raw_to_f32};
 use tokio::sync::watch;
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 use crate::balancer::{
     Balancer, BalancerConfig, LoadReport, NodeInfo, NodeState, Outcome, PickError, Ticket,
@@ -660,6 +661,20 @@ impl Client {
         &self,
         req: ModelInferRequest,
     ) -> Result<(ModelInferResponse, String), ClientError> {
+        // A span per call (and one per attempt below): with an OpenTelemetry
+        // layer installed, each attempt carries `traceparent` (crate::trace).
+        let span = tracing::info_span!(
+            "infermesh.infer",
+            otel.kind = "client",
+            model = %req.model_name,
+        );
+        self.infer_traced(req).instrument(span).await
+    }
+
+    async fn infer_traced(
+        &self,
+        req: ModelInferRequest,
+    ) -> Result<(ModelInferResponse, String), ClientError> {
         let stack = &*self.stack;
         let config = &stack.config;
         let start = now();
@@ -710,7 +725,15 @@ impl Client {
             let timeout = stack
                 .attempt_timeout(&node, left, more)
                 .max(Duration::from_millis(1));
-            let result = stack.attempt(guard, &req, timeout).await;
+            let result = stack
+                .attempt(guard, &req, timeout)
+                .instrument(tracing::info_span!(
+                    "infermesh.attempt",
+                    otel.kind = "client",
+                    %node,
+                    attempt = attempts,
+                ))
+                .await;
             let retry =
                 |stack: &Stack| more && now() < deadline && stack.lock().budget.try_retry(now());
             match result {

@@ -45,6 +45,7 @@ pub mod paths;
 pub mod quic_path;
 pub mod rdma_path;
 mod retry_budget;
+pub mod trace;
 
 pub use client::{Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;

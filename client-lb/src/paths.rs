@@ -238,6 +238,7 @@ impl Transport for GrpcRung {
         Box::pin(async move {
             let mut request = tonic::Request::new(req.clone());
             request.set_timeout(timeout);
+            crate::trace::inject(request.metadata_mut());
             peer.grpc()
                 .model_infer(request)
                 .await
@@ -319,6 +320,7 @@ impl Transport for ShmRung {
                 }
                 let mut request = tonic::Request::new(staged_req);
                 request.set_timeout(timeout);
+                crate::trace::inject(request.metadata_mut());
                 match client.model_infer(request).await {
                     Ok(mut resp) => {
                         transport

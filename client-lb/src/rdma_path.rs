@@ -151,6 +151,7 @@ impl RdmaPath {
             .max_encoding_message_size(DEFAULT_MAX_MESSAGE_BYTES);
         let mut request = tonic::Request::new(wire);
         request.set_timeout(time_left(deadline));
+        crate::trace::inject(request.metadata_mut());
         // Until the agent answers, it may access the buffers: if this future
         // is dropped or times out, `lent` revokes them instead of pooling them.
         lent.revoke = true;

@@ -39,6 +39,52 @@ pub struct GpuSample {
     pub ecc_corrected: u64,
     /// Uncorrected (double-bit) ECC errors since the driver loaded.
     pub ecc_uncorrected: u64,
+    /// Why the clocks are held down right now: NVML's
+    /// `nvmlClocksThrottleReasons` bitmask (DCGM's
+    /// `DCGM_FI_DEV_CLOCK_THROTTLE_REASONS`), bits in [`throttle`].
+    pub throttle_reasons: u64,
+}
+
+/// The bits of [`GpuSample::throttle_reasons`], as NVML defines them
+/// (`nvml.h`, `nvmlClocksThrottleReason*`; stable ABI values).
+pub mod throttle {
+    /// Nothing is running on the GPU (clocks idle down).
+    pub const GPU_IDLE: u64 = 0x1;
+    /// Clocks held by the applications-clocks setting.
+    pub const APPLICATIONS_CLOCKS_SETTING: u64 = 0x2;
+    /// Software power cap: normal under full load.
+    pub const SW_POWER_CAP: u64 = 0x4;
+    /// Hardware slowdown (clocks cut by half or more: heat, power brake).
+    pub const HW_SLOWDOWN: u64 = 0x8;
+    /// Held by another GPU of its sync-boost group.
+    pub const SYNC_BOOST: u64 = 0x10;
+    /// Software thermal slowdown (GPU or memory over its operating temperature).
+    pub const SW_THERMAL_SLOWDOWN: u64 = 0x20;
+    /// Hardware thermal slowdown (temperature too high).
+    pub const HW_THERMAL_SLOWDOWN: u64 = 0x40;
+    /// Hardware power brake (the power supply asserted it).
+    pub const HW_POWER_BRAKE_SLOWDOWN: u64 = 0x80;
+    /// Display clock setting.
+    pub const DISPLAY_CLOCK_SETTING: u64 = 0x100;
+
+    /// The reasons that mean the GPU is running well below its clocks for
+    /// reasons outside the workload (heat, power delivery), as opposed to
+    /// idling or the power cap a busy GPU normally sits at.
+    pub const SLOWDOWN: u64 =
+        HW_SLOWDOWN | SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN | HW_POWER_BRAKE_SLOWDOWN;
+
+    /// Every reason with its label (`infermesh_gpu_throttle_reasons` docs).
+    pub const ALL: [(u64, &str); 9] = [
+        (GPU_IDLE, "gpu_idle"),
+        (APPLICATIONS_CLOCKS_SETTING, "applications_clocks_setting"),
+        (SW_POWER_CAP, "sw_power_cap"),
+        (HW_SLOWDOWN, "hw_slowdown"),
+        (SYNC_BOOST, "sync_boost"),
+        (SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+        (HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+        (HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake_slowdown"),
+        (DISPLAY_CLOCK_SETTING, "display_clock_setting"),
+    ];
 }
 
 /// What happened to a GPU.

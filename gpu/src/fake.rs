@@ -75,6 +75,7 @@ fn idle_sample(device: &GpuDevice) -> GpuSample {
         power_mw: 70_000,
         ecc_corrected: 0,
         ecc_uncorrected: 0,
+        throttle_reasons: crate::throttle::GPU_IDLE,
     }
 }
 
@@ -148,6 +149,7 @@ mod tests {
             power_mw: 690_000,
             ecc_corrected: 12,
             ecc_uncorrected: 1,
+            throttle_reasons: crate::throttle::HW_THERMAL_SLOWDOWN,
         };
         fake.set_sample(hot.clone());
         fake.set_sample(GpuSample {

@@ -3,7 +3,7 @@
 //!
 //! [`GpuTelemetry`] gives the agent the host's devices (index, UUID, name,
 //! memory, compute capability), on-demand samples (utilization, memory,
-//! temperature, power, ECC counters) for its load reports and metrics, and a
+//! temperature, power, ECC counters, clock throttle reasons) for its load reports and metrics, and a
 //! broadcast stream of fault events ([`GpuEvent`]: an Xid code or a
 //! double-bit ECC error on a device index). Backends:
 //!
@@ -39,7 +39,7 @@ mod telemetry;
 pub mod xid;
 
 pub use backend::{Backend, ParseBackendError, open};
-pub use device::{GpuDevice, GpuEvent, GpuEventKind, GpuSample};
+pub use device::{GpuDevice, GpuEvent, GpuEventKind, GpuSample, throttle};
 pub use error::GpuError;
 pub use fake::FakeTelemetry;
 pub use nvml::NvmlTelemetry;

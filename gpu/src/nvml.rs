@@ -161,12 +161,43 @@ fn read_sample(nvml: &Nvml, index: u32) -> Result<GpuSample, NvmlError> {
         power_mw: device.power_usage().unwrap_or(0),
         ecc_corrected: ecc(MemoryError::Corrected),
         ecc_uncorrected: ecc(MemoryError::Uncorrected),
+        // The raw bitmask: the same bits as `crate::throttle` (NVML's ABI).
+        throttle_reasons: device
+            .current_throttle_reasons()
+            .map(|r| r.bits())
+            .unwrap_or(0),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throttle_bits_are_nvmls() {
+        use nvml_wrapper::bitmasks::device::ThrottleReasons as R;
+
+        use crate::throttle;
+        for (ours, nvml) in [
+            (throttle::GPU_IDLE, R::GPU_IDLE),
+            (
+                throttle::APPLICATIONS_CLOCKS_SETTING,
+                R::APPLICATIONS_CLOCKS_SETTING,
+            ),
+            (throttle::SW_POWER_CAP, R::SW_POWER_CAP),
+            (throttle::HW_SLOWDOWN, R::HW_SLOWDOWN),
+            (throttle::SYNC_BOOST, R::SYNC_BOOST),
+            (throttle::SW_THERMAL_SLOWDOWN, R::SW_THERMAL_SLOWDOWN),
+            (throttle::HW_THERMAL_SLOWDOWN, R::HW_THERMAL_SLOWDOWN),
+            (
+                throttle::HW_POWER_BRAKE_SLOWDOWN,
+                R::HW_POWER_BRAKE_SLOWDOWN,
+            ),
+            (throttle::DISPLAY_CLOCK_SETTING, R::DISPLAY_CLOCK_SETTING),
+        ] {
+            assert_eq!(ours, nvml.bits());
+        }
+    }
 
     #[test]
     fn open_fails_cleanly_without_a_driver() {

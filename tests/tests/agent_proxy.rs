@@ -71,7 +71,13 @@ async fn requests_reach_both_workers() {
 
 #[tokio::test]
 async fn responses_carry_a_load_report_in_trailers() {
-    let agent = two_worker_agent().await;
+    // A pinned weight: `auto` would advertise the measured capacity.
+    let agent = Agent::builder()
+        .config("weight = 1.0\n")
+        .worker(testworker(""))
+        .worker(testworker(""))
+        .start()
+        .await;
     let mut client = agent.client().await;
     let resp = client
         .model_infer(dense::request(&dense::input(1, 4), true))

@@ -12,7 +12,7 @@ use zookeeper_client as zk;
 
 fn agent_config(zk: &Zk, node: &str, extra_worker_flags: &str) -> String {
     format!(
-        "node_id = \"{node}\"\n[registry]\nurl = \"{}\"\nservice = \"eta\"\nzone = \"z1\"\nsession_timeout = \"2s\"\n\
+        "node_id = \"{node}\"\nweight = 1.0\n[registry]\nurl = \"{}\"\nservice = \"eta\"\nzone = \"z1\"\nsession_timeout = \"2s\"\n\
          [[workers]]\ncommand = \"{}\"\n",
         zk.url("/infermesh"),
         testworker(extra_worker_flags)

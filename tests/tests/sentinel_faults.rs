@@ -22,6 +22,9 @@ use tonic::Code;
 fn config() -> String {
     format!(
         r#"
+# Pinned, so the weight reads as the share of workers routable.
+weight = 1.0
+
 [sentinel]
 probe_interval = "100ms"
 probe_timeout = "300ms"

@@ -20,7 +20,9 @@ fn unix_micros() -> u64 {
 
 #[tokio::test]
 async fn sigkilled_worker_is_taken_out_of_routing_and_restarted() {
+    // A pinned weight, so it reads as the share of workers ready.
     let agent = Agent::builder()
+        .config("weight = 1.0\n")
         .worker(testworker(""))
         .worker(testworker(""))
         .start()

@@ -485,6 +485,11 @@ impl infermesh_proto::GrpcInferenceService for TestWorker {
         req: Request<ModelInferRequest>,
     ) -> Result<Response<ModelInferResponse>, Status> {
         let owner = connection_owner(&req);
+        // What a tracing server would join: logged so tests see the W3C
+        // trace context reached the worker (only sent when tracing is on).
+        if let Some(tp) = req.metadata().get("traceparent") {
+            tracing::info!(traceparent = %tp.to_str().unwrap_or("(not text)").escape_debug(), "trace context received");
+        }
         self.infer_for(owner, req.into_inner())
             .await
             .map(Response::new)

@@ -305,3 +305,48 @@ async fn weight_and_load_follow_routable_workers() {
     drop(t);
     assert_eq!(f.pool.load().in_flight, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
+    let (workers, _drivers): (Vec<_>, Vec<_>) = [("a", 1), ("b", 1), ("c", 1)]
+        .iter()
+        .enumerate()
+        .map(|(i, (id, max))| Worker::new(spec(id, &["m"], *max), i))
+        .unzip();
+    let f = Fixture {
+        pool: Pool::new(workers, Weight::Auto, 4),
+        drivers: _drivers,
+    };
+    // Nothing measured: the prior per routable worker.
+    assert_eq!(f.pool.weight(), 0.0);
+    f.set_routable(0, true);
+    f.set_routable(1, true);
+    assert_eq!(f.pool.weight(), 2.0 * capacity::PRIOR_PER_SLOT);
+    // Worker a answers 20 requests, one at a time; b fails 20 (no answer:
+    // no completion, so a worker failing fast does not look fast).
+    let m = f.model("m");
+    for _ in 0..20 {
+        let mut lease = f.pool.acquire(m, Some(0), None).await.unwrap();
+        lease.served();
+        drop(lease);
+        drop(f.pool.acquire(m, Some(1), None).await.unwrap());
+    }
+    let start = Instant::now();
+    f.pool
+        .capacity_tick(start, capacity::TICK, &[1.0, 1.0, 1.0]);
+    let [Some(a), None, None] = f.pool.worker_capacity()[..] else {
+        panic!("only a is measured: {:?}", f.pool.worker_capacity());
+    };
+    assert!(a > 0.0 && a.is_finite(), "{a}");
+    // b, routable but unmeasured, counts at a's value; c is not routable.
+    assert_eq!(f.pool.weight(), 2.0 * a);
+    assert_eq!(f.pool.load().weight, 2.0 * a);
+    assert_eq!(f.pool.score(), 3.0 * a);
+    // An idle tick holds the estimate; the health factors scale each worker.
+    f.pool
+        .capacity_tick(start, capacity::TICK, &[0.5, 1.0, 1.0]);
+    assert_eq!(f.pool.worker_capacity()[0], Some(a));
+    assert_eq!(f.pool.weight(), 1.5 * a);
+    f.set_routable(1, false);
+    assert_eq!(f.pool.weight(), 0.5 * a);
+}

@@ -1,0 +1,173 @@
+//! Issue 14: `weight = "auto"`. Three agents whose single-slot test workers
+//! take 2, 5 and 20 ms per request, all left at the default weight, under
+//! load from the client library (real ZooKeeper): the weights their registry
+//! records advertise order by real capacity, and fastest/slowest is within
+//! ±30% of the true ratio.
+//!
+//! The true ratio is measured, not assumed: every node saturated at once by
+//! its own client serves `1 / (service time + the agent's and gRPC's share)`
+//! per second, and on a busy 2-core machine that share is not negligible
+//! next to 2 ms. Both the nominal 10× and the measured ratio are printed.
+//!
+//! `scripts/auto-weight.sh` compares the client's throughput on that fleet
+//! with auto weights against hand-set correct ones (BENCHMARKS.md).
+
+use std::time::Instant;
+
+use infermesh_client::Client;
+use infermesh_proto::inference::ModelInferRequest;
+use infermesh_tests::zk::Zk;
+use infermesh_tests::{Agent, Load, dense, eventually, testworker};
+
+const SERVICE_MS: [u32; 3] = [2, 5, 20];
+
+fn node_id(ms: u32) -> String {
+    format!("node-{ms}ms")
+}
+
+/// An agent with one single-slot worker of `ms` per request, its weight
+/// left at the default (auto).
+fn agent(zk: &Zk, service: &str, ms: u32) -> Agent {
+    Agent::builder()
+        .config(format!(
+            "node_id = \"{}\"\n[registry]\nurl = \"{}\"\nservice = \"{service}\"\n\
+             session_timeout = \"5s\"\n[[workers]]\ncommand = \"{}\"\nmax_inflight = 1\n",
+            node_id(ms),
+            zk.url("/im"),
+            testworker(&format!("--service-time-ms {ms} --concurrency 1"))
+        ))
+        .spawn()
+}
+
+fn request(input: &[f32]) -> ModelInferRequest {
+    dense::request(input, true)
+}
+
+async fn fleet(zk: &Zk, service: &str) -> (Vec<Agent>, Client) {
+    let agents: Vec<Agent> = SERVICE_MS
+        .iter()
+        .map(|&ms| agent(zk, service, ms))
+        .collect();
+    for a in &agents {
+        a.wait_ready().await;
+    }
+    let client = Client::builder()
+        .registry(zk.url("/im"))
+        .service(service)
+        .seed(14)
+        .build()
+        .await
+        .unwrap();
+    eventually("the client sees the three nodes", || async {
+        (client.membership().nodes.len() == 3).then_some(())
+    })
+    .await;
+    (agents, client)
+}
+
+/// The advertised weight of each node, in `SERVICE_MS` order, as the
+/// client's copy of the registry has it.
+fn advertised(client: &Client) -> Vec<f64> {
+    let m = client.membership();
+    SERVICE_MS
+        .iter()
+        .map(|&ms| {
+            m.nodes
+                .iter()
+                .find(|r| r.node_id == node_id(ms))
+                .map_or(0.0, |r| r.weight)
+        })
+        .collect()
+}
+
+/// Waits until `n` more requests have been sent by `load`.
+async fn run_for(load: &Load, n: u64) {
+    let until = load.sent() + n;
+    eventually(&format!("{n} more requests"), || async {
+        (load.sent() >= until).then_some(())
+    })
+    .await;
+}
+
+/// Saturates every node at once, each with its own client (a static list
+/// of that node, 4 callers for its one slot), until the slowest has served
+/// `n` more requests: the requests per second each served is its capacity
+/// under the same conditions. Returns those and the weights the records
+/// advertise at the end.
+async fn saturate_each(agents: &[Agent], fleet: &Client, n: u64) -> (Vec<f64>, Vec<f64>) {
+    let mut loads = Vec::new();
+    for a in agents {
+        let client = Client::builder()
+            .registry(format!("static://{}", a.oip))
+            .build()
+            .await
+            .unwrap();
+        loads.push(Load::start(&client, 4, 1, request));
+    }
+    // Warm up, and let the estimates forget the balanced phase (several
+    // half-lives of traffic at the slowest node).
+    run_for(&loads[2], n).await;
+    let start = Instant::now();
+    let from: Vec<u64> = loads.iter().map(Load::sent).collect();
+    run_for(&loads[2], n).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let rates = loads
+        .iter()
+        .zip(from)
+        .map(|(l, f)| (l.sent() - f) as f64 / elapsed)
+        .collect();
+    let weights = advertised(fleet);
+    for l in loads {
+        assert_eq!(l.stop().await, 0, "no request failed");
+    }
+    (rates, weights)
+}
+
+#[tokio::test]
+async fn auto_weights_order_by_real_capacity() {
+    let zk = Zk::start().await;
+    let (agents, client) = fleet(&zk, "auto").await;
+    // Before any traffic every node advertises the same prior (100 requests/s
+    // a slot, less on a host whose CPUs are saturated: the host factor).
+    let prior = advertised(&client);
+    assert!(prior.iter().all(|&w| w > 0.0 && w <= 100.0), "{prior:?}");
+
+    // Balanced load through the registry: the client spreads it by the
+    // weights the nodes advertise.
+    let load = Load::start(&client, 8, 1, request);
+    // Enough traffic for the smoothing to settle (several half-lives at the
+    // slowest node's share).
+    run_for(&load, 6_000).await;
+    let balanced = advertised(&client);
+    let stats = client.node_stats();
+    assert_eq!(load.stop().await, 0, "no request failed");
+    eprintln!(
+        "balanced load: advertised weights (2, 5, 20 ms) {balanced:?}, fastest/slowest {:.2}",
+        balanced[0] / balanced[2]
+    );
+    for ms in SERVICE_MS {
+        eprintln!("  {}: {:?}", node_id(ms), stats.get(&node_id(ms)));
+    }
+    assert!(
+        balanced[0] > balanced[1] && balanced[1] > balanced[2],
+        "weights order by capacity: {balanced:?}"
+    );
+
+    // The true capacities: every node saturated at once, under the same
+    // conditions as one another; then what the records say.
+    let (truth, weights) = saturate_each(&agents, &client, 300).await;
+    let true_ratio = truth[0] / truth[2];
+    let advertised_ratio = weights[0] / weights[2];
+    eprintln!(
+        "saturated: served {truth:.1?} req/s, advertised {weights:.1?}; fastest/slowest true \
+         {true_ratio:.2} (nominal 10), advertised {advertised_ratio:.2}"
+    );
+    assert!(
+        weights[0] > weights[1] && weights[1] > weights[2],
+        "weights order by capacity: {weights:?}"
+    );
+    assert!(
+        (advertised_ratio / true_ratio - 1.0).abs() <= 0.3,
+        "advertised ratio {advertised_ratio:.2} within ±30% of the true {true_ratio:.2}"
+    );
+}
