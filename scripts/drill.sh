@@ -27,4 +27,4 @@ worker='infermesh-testworker --listen 127.0.0.1:{port} --service-time-ms 2'
 agent=$!
 trap 'kill -TERM $agent 2>/dev/null; wait $agent 2>/dev/null; rm -f "$cfg" "$token"' EXIT
 "$bin/infermesh" bench --target "127.0.0.1:$oip" --duration 200ms --warmup 0s --wait-ready 60s >/dev/null
-"$bin/infermesh" drill --target "127.0.0.1:$oip" --admin "127.0.0.1:$admin" --token-file "$token" --count "$count" --concurrency 4 --json "$@"
+"$bin/infermesh" drill --target "127.0.0.1:$oip" --admin "127.0.0.1:$admin" --admin-token-file "$token" --count "$count" --concurrency 4 --json "$@"

@@ -243,7 +243,7 @@ impl AdminState {
             Ok(())
         } else {
             Err(Status::unauthenticated(
-                "missing or wrong admin token (give `authorization: Bearer <token>`; the CLI reads it from --token-file or INFERMESH_TOKEN_FILE)",
+                "missing or wrong admin token (give `authorization: Bearer <token>`; the CLI reads it from --admin-token-file or INFERMESH_ADMIN_TOKEN_FILE)",
             ))
         }
     }

@@ -1,7 +1,7 @@
 //! The load report on every gRPC response of the OIP port, and the one body
 //! type the port answers with.
 //!
-//! The report ([`LoadReport`]: in-flight, queue, busy ratio, weight) goes
+//! The report ([`LoadReport`]: inflight, queued, busy ratio, weight) goes
 //! into the trailers of a normal response, or into the headers of a
 //! "trailers-only" error response. It is taken when the response ends, so
 //! it reflects the load after this request. Values are formatted without
@@ -11,7 +11,7 @@
 //! (`endpoint-load-metrics-bin`: an xds `OrcaLoadReport`), which gRPC's and
 //! Envoy's client-side weighted round robin read: `application_utilization`
 //! = busy ratio, `rps_fractional` = requests completed per second over the
-//! last 10 s, and `named_metrics` `inflight`, `queue`, `busy`, `weight`.
+//! last 10 s, and `named_metrics` `inflight`, `queued`, `busy`, `weight`.
 
 use std::fmt::Write as _;
 use std::pin::Pin;
@@ -21,7 +21,7 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
-use infermesh_proto::load::{BUSY_KEY, INFLIGHT_KEY, LoadReport, QUEUE_KEY, WEIGHT_KEY};
+use infermesh_proto::load::{BUSY_KEY, INFLIGHT_KEY, LoadReport, QUEUED_KEY, WEIGHT_KEY};
 
 use crate::forward::ForwardBody;
 use crate::pool::Pool;
@@ -38,7 +38,7 @@ pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
         }
     };
     put(INFLIGHT_KEY, format_args!("{}", report.in_flight));
-    put(QUEUE_KEY, format_args!("{}", report.queued));
+    put(QUEUED_KEY, format_args!("{}", report.queued));
     let (whole, thousandths) = milli(report.busy_ratio);
     put(BUSY_KEY, format_args!("{whole}.{thousandths:03}"));
     let (whole, thousandths) = milli(report.weight);
@@ -93,7 +93,7 @@ pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
     double(RPS_FRACTIONAL, rps, &mut put);
     for (name, value) in [
         ("inflight", report.in_flight as f64),
-        ("queue", report.queued as f64),
+        ("queued", report.queued as f64),
         ("busy", report.busy_ratio),
         ("weight", report.weight),
     ] {
@@ -252,7 +252,7 @@ mod orca_tests {
         assert_eq!(orca.rps_fractional, 1234.5);
         assert_eq!(orca.application_utilization, 0.25);
         assert_eq!(orca.named_metrics["inflight"], 3.0);
-        assert_eq!(orca.named_metrics["queue"], 12.0);
+        assert_eq!(orca.named_metrics["queued"], 12.0);
         assert_eq!(orca.named_metrics["busy"], 0.25);
         assert_eq!(orca.named_metrics["weight"], 2.5);
     }

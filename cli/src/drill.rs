@@ -87,8 +87,13 @@ pub struct DrillArgs {
     #[arg(long)]
     admin: String,
     /// File holding the agent's admin token (Xid injection is a mutating call).
-    #[arg(long, env = "INFERMESH_TOKEN_FILE")]
-    token_file: Option<std::path::PathBuf>,
+    #[arg(
+        long,
+        alias = "token-file",
+        env = "INFERMESH_ADMIN_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    admin_token_file: Option<std::path::PathBuf>,
     /// Faults to inject (repeatable). Default: all.
     #[arg(long = "fault", value_enum)]
     faults: Vec<Fault>,
@@ -179,7 +184,7 @@ async fn run(args: DrillArgs) -> i32 {
             return e.code;
         }
     };
-    let admin = match crate::ops::read_token(args.token_file.as_ref()) {
+    let admin = match crate::ops::read_token(args.admin_token_file.as_ref()) {
         Ok(token) => {
             let dial = tls
                 .as_ref()

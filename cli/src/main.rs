@@ -112,3 +112,27 @@ fn main() {
     };
     std::process::exit(code);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One spelling for the admin token file across the agent and the CLI;
+    /// the earlier `--token-file` still parses.
+    #[test]
+    fn the_admin_token_file_flag_is_spelled_like_the_agents() {
+        let flags = ["--admin-token-file", "--token-file"]; // earlier spelling: still read
+        for flag in flags {
+            let cli =
+                Cli::try_parse_from(["infermesh", "drain", "n1", "--admin", "h:1", flag, "/t"])
+                    .unwrap_or_else(|e| panic!("{flag}: {e}"));
+            let Command::Drain(args) = cli.command else {
+                panic!("not drain");
+            };
+            assert_eq!(
+                args.node.admin_token_file.as_deref(),
+                Some(std::path::Path::new("/t"))
+            );
+        }
+    }
+}

@@ -5,16 +5,20 @@
 //! | key                  | value                                         |
 //! |----------------------|-----------------------------------------------|
 //! | `infermesh-inflight` | requests accepted and not yet answered        |
-//! | `infermesh-queue`    | requests waiting for a worker slot            |
+//! | `infermesh-queued`   | requests waiting for a worker slot            |
 //! | `infermesh-busy`     | share of the last 10 s with work in flight    |
-//! | `infermesh-weight`   | advertised weight (capacity × share ready)    |
+//! | `infermesh-weight`   | advertised weight (the node record's)         |
+//!
+//! `infermesh-queue`, the earlier spelling agents before 0.2 sent, is still read.
 
 use tonic::metadata::{MetadataMap, MetadataValue};
 
 /// Trailer key: requests in flight at the agent.
 pub const INFLIGHT_KEY: &str = "infermesh-inflight";
 /// Trailer key: requests queued for a worker slot.
-pub const QUEUE_KEY: &str = "infermesh-queue";
+pub const QUEUED_KEY: &str = "infermesh-queued";
+/// The earlier spelling of [`QUEUED_KEY`], still read.
+pub const LEGACY_QUEUE_KEY: &str = "infermesh-queue";
 /// Trailer key: busy ratio over the last 10 s, in `[0, 1]`.
 pub const BUSY_KEY: &str = "infermesh-busy";
 /// Trailer key: the node's advertised weight.
@@ -38,7 +42,7 @@ impl LoadReport {
     pub fn entries(&self) -> [(&'static str, String); 4] {
         [
             (INFLIGHT_KEY, self.in_flight.to_string()),
-            (QUEUE_KEY, self.queued.to_string()),
+            (QUEUED_KEY, self.queued.to_string()),
             (BUSY_KEY, format!("{:.3}", self.busy_ratio)),
             (WEIGHT_KEY, format!("{:.3}", self.weight)),
         ]
@@ -62,7 +66,7 @@ impl LoadReport {
         }
         let report = LoadReport {
             in_flight: get(map, INFLIGHT_KEY)?,
-            queued: get(map, QUEUE_KEY)?,
+            queued: get(map, QUEUED_KEY).or_else(|| get(map, LEGACY_QUEUE_KEY))?,
             busy_ratio: get(map, BUSY_KEY)?,
             weight: get(map, WEIGHT_KEY)?,
         };
@@ -88,6 +92,19 @@ mod tests {
         };
         let mut map = MetadataMap::new();
         report.write_to(&mut map);
+        assert_eq!(LoadReport::from_metadata(&map), Some(report));
+    }
+
+    #[test]
+    fn reads_the_earlier_queue_key() {
+        let report = LoadReport {
+            queued: 4,
+            ..Default::default()
+        };
+        let mut map = MetadataMap::new();
+        report.write_to(&mut map);
+        let queued = map.remove(QUEUED_KEY).unwrap();
+        map.insert(LEGACY_QUEUE_KEY, queued);
         assert_eq!(LoadReport::from_metadata(&map), Some(report));
     }
 

@@ -780,7 +780,7 @@ impl NativeClient {
             d.set_item("attempts", s.attempts)?;
             d.set_item("failures", s.failures)?;
             d.set_item("timeouts", s.timeouts)?;
-            d.set_item("in_flight", s.in_flight)?;
+            d.set_item("inflight", s.in_flight)?;
             out.set_item(node, d)?;
         }
         Ok(out)

@@ -57,7 +57,7 @@ report = orca_load_report_pb2.OrcaLoadReport.FromString(raw)
 assert report.rps_fractional > 0, report
 assert 0 < report.application_utilization <= 1, report
 metrics = dict(report.named_metrics)
-assert set(metrics) == {"inflight", "queue", "busy", "weight"}, metrics
+assert set(metrics) == {"inflight", "queued", "busy", "weight"}, metrics
 assert metrics["busy"] == report.application_utilization, metrics
 assert metrics["weight"] == float(trailers["infermesh-weight"]), (metrics, trailers)
 print("orca report OK", report)

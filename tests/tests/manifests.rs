@@ -411,7 +411,7 @@ fn admin_token_comes_from_the_secret() {
     let argv = agent_argv(&docs);
     assert_eq!(flag(&argv, "--admin-token-file"), Some(file.as_str()));
     let hook = strings(agent_container(ds), "/lifecycle/preStop/exec/command");
-    assert_eq!(flag(&hook, "--token-file"), Some(file.as_str()));
+    assert_eq!(flag(&hook, "--admin-token-file"), Some(file.as_str()));
 }
 
 #[test]

@@ -23,6 +23,7 @@ async fn cli(args: Vec<String>) -> Output {
         Command::new(bin("infermesh"))
             .args(&args)
             .env_remove("INFERMESH_TOKEN_FILE")
+            .env_remove("INFERMESH_ADMIN_TOKEN_FILE")
             .env_remove("INFERMESH_REGISTRY")
             .output()
             .expect("run infermesh")
@@ -164,7 +165,7 @@ async fn cli_status_restart_and_health_print_json() {
                 "health",
                 "--admin",
                 &admin,
-                "--token-file",
+                "--admin-token-file",
                 &token,
                 "--json",
             ]))
@@ -193,7 +194,7 @@ async fn cli_status_restart_and_health_print_json() {
         "restart",
         "--admin",
         &admin,
-        "--token-file",
+        "--admin-token-file",
         &token,
         "good",
         "--json",
@@ -210,7 +211,7 @@ async fn cli_status_restart_and_health_print_json() {
         "restart",
         "--admin",
         &admin,
-        "--token-file",
+        "--admin-token-file",
         &token,
         "nope",
         "--json",
@@ -327,7 +328,7 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
     assert_eq!(nodes[0]["id"], "node-a");
     assert_eq!(nodes[0]["state"], "serving");
     assert_eq!(nodes[0]["models"][0], "dense");
-    assert_eq!(nodes[0]["in_flight"], 0);
+    assert_eq!(nodes[0]["inflight"], 0);
 
     // Constant load through the client library.
     let load = Load::start(&client, 4, 1, |x| dense::request(x, true));
@@ -379,7 +380,7 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
         &registry,
         "--service",
         "ops",
-        "--token-file",
+        "--admin-token-file",
         &token,
         "--wait",
         "--timeout",
@@ -390,7 +391,7 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
     assert!(out.status.success(), "{out:?}");
     let doc = json_of(&out);
     assert_eq!(doc["drained"], true, "{doc}");
-    assert_eq!(doc["in_flight"], 0);
+    assert_eq!(doc["inflight"], 0);
     // Drained: the client no longer sends to node-a, and the registry says so.
     let attempts_a = client.node_stats()["node-a"].attempts;
     let before = load.sent();
@@ -415,7 +416,7 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
         &registry,
         "--service",
         "ops",
-        "--token-file",
+        "--admin-token-file",
         &token,
         "--json",
     ]))

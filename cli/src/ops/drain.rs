@@ -23,7 +23,7 @@ pub struct DrainArgs {
     #[arg(value_name = "NODE")]
     node_id: Option<String>,
     #[command(flatten)]
-    node: NodeArgs,
+    pub(crate) node: NodeArgs,
     /// Wait until the node has nothing in flight.
     #[arg(long)]
     wait: bool,
@@ -43,7 +43,7 @@ pub struct UndrainArgs {
     #[arg(value_name = "NODE")]
     node_id: Option<String>,
     #[command(flatten)]
-    node: NodeArgs,
+    pub(crate) node: NodeArgs,
 }
 
 pub fn main(args: DrainArgs) -> i32 {
@@ -73,7 +73,7 @@ async fn drain(mut args: DrainArgs) -> Result<(), OpsError> {
         if json {
             println!(
                 "{}",
-                serde_json::json!({ "ok": true, "node": target.name, "draining": true, "in_flight": at_drain })
+                serde_json::json!({ "ok": true, "node": target.name, "draining": true, "inflight": at_drain })
             );
         } else {
             println!(
@@ -105,7 +105,7 @@ async fn drain(mut args: DrainArgs) -> Result<(), OpsError> {
                     "{}",
                     serde_json::json!({
                         "ok": true, "node": target.name, "drained": true,
-                        "in_flight": 0, "in_flight_at_drain": at_drain,
+                        "inflight": 0, "inflight_at_drain": at_drain,
                         "requests_served_while_draining": total,
                         "seconds": took.as_secs_f64(),
                     })
@@ -125,7 +125,7 @@ async fn drain(mut args: DrainArgs) -> Result<(), OpsError> {
                     "{}",
                     serde_json::json!({
                         "ok": false, "node": target.name, "drained": false,
-                        "in_flight": left, "seconds": took.as_secs_f64(),
+                        "inflight": left, "seconds": took.as_secs_f64(),
                         "error": "timed out",
                     })
                 );

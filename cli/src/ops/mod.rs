@@ -5,7 +5,7 @@
 //! is itself `host:port`), or `--local` (this host's agent).
 //!
 //! Mutating calls send `authorization: Bearer <token>`, the token read from
-//! `--token-file` / `INFERMESH_TOKEN_FILE`. Every command has `--json` and
+//! `--admin-token-file` / `INFERMESH_ADMIN_TOKEN_FILE`. Every command has `--json` and
 //! exits non-zero on failure.
 
 pub mod drain;
@@ -114,9 +114,16 @@ pub struct NodeArgs {
     /// The agent's admin address, host:port (skips the registry).
     #[arg(long, value_name = "HOST:PORT")]
     pub admin: Option<String>,
-    /// File holding the admin bearer token (needed by mutating commands).
-    #[arg(long, env = "INFERMESH_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
+    /// File holding the admin bearer token (needed by mutating commands);
+    /// the agent's `--admin-token-file`. `--token-file` and
+    /// `INFERMESH_TOKEN_FILE`, the earlier spellings, are still read.
+    #[arg(
+        long,
+        alias = "token-file",
+        env = "INFERMESH_ADMIN_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    pub admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -345,8 +352,13 @@ impl Interceptor for Bearer {
 pub type Admin = AdminClient<InterceptedService<Channel, Bearer>>;
 
 /// Reads the bearer token from `path`.
+/// The environment variable the admin token file was read from before it was
+/// spelled like the agent's `admin_token_file`.
+const LEGACY_TOKEN_ENV: &str = "INFERMESH_TOKEN_FILE";
+
 pub fn read_token(path: Option<&PathBuf>) -> Result<Bearer, OpsError> {
-    let Some(path) = path else {
+    let legacy = std::env::var_os(LEGACY_TOKEN_ENV).map(PathBuf::from);
+    let Some(path) = path.or(legacy.as_ref()) else {
         return Ok(Bearer(None));
     };
     let text = std::fs::read_to_string(path)
@@ -396,7 +408,7 @@ pub async fn connect(
 /// Resolves the node and connects with the token.
 pub async fn admin_for(args: &NodeArgs) -> Result<(Target, Admin), OpsError> {
     let target = resolve(args).await?;
-    let token = read_token(args.token_file.as_ref())?;
+    let token = read_token(args.admin_token_file.as_ref())?;
     let tls = args
         .registry
         .tls

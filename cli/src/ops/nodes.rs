@@ -24,6 +24,7 @@ struct Row {
     weight: f64,
     models: Vec<String>,
     /// From the agent's admin API; absent when it did not answer.
+    #[serde(rename = "inflight")]
     in_flight: Option<u64>,
     version: String,
     grpc: String,
@@ -58,7 +59,7 @@ async fn run(args: NodesArgs) -> Result<(), OpsError> {
     }
     println!(
         "{:<24} {:<10} {:<9} {:>7} {:>9} {:<10} MODELS",
-        "NODE", "ZONE", "STATE", "WEIGHT", "IN-FLIGHT", "VERSION"
+        "NODE", "ZONE", "STATE", "WEIGHT", "INFLIGHT", "VERSION"
     );
     for r in &rows {
         println!(

@@ -192,6 +192,7 @@ struct NodeLoad {
     id: String,
     state: String,
     busy_ratio: Option<f64>,
+    #[serde(rename = "inflight")]
     in_flight: Option<u64>,
     queued: Option<u64>,
 }
@@ -259,7 +260,7 @@ async fn run(args: ScaleArgs) -> Result<(), OpsError> {
         }
         println!(
             "{:<24} {:<9} {:>6} {:>9} {:>7}",
-            "NODE", "STATE", "BUSY", "IN-FLIGHT", "QUEUED"
+            "NODE", "STATE", "BUSY", "INFLIGHT", "QUEUED"
         );
         for n in &nodes {
             let show = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());

@@ -91,7 +91,7 @@ async fn watch(
     if !json {
         println!(
             "{:<20} {:<12} {:<12} {:>9} {:>7} {:>9} {:>8} {:>6}",
-            "TIME", "WORKER", "STATE", "REQ/S", "QUEUED", "IN-FLIGHT", "RESTARTS", "BUSY"
+            "TIME", "WORKER", "STATE", "REQ/S", "QUEUED", "INFLIGHT", "RESTARTS", "BUSY"
         );
     }
     loop {
@@ -114,7 +114,7 @@ async fn watch(
                     "{}",
                     serde_json::json!({
                         "time": stamp, "node_id": s.node_id, "worker": w.id, "state": w.state,
-                        "requests_per_s": rate, "in_flight": w.in_flight, "restarts": w.restarts,
+                        "requests_per_s": rate, "inflight": w.in_flight, "restarts": w.restarts,
                         "node_queued": s.queued, "node_busy_ratio": s.busy_ratio,
                     })
                 );
@@ -145,7 +145,7 @@ pub fn to_json(s: &StatusResponse) -> serde_json::Value {
         "version": s.version,
         "state": s.state,
         "weight": s.weight,
-        "in_flight": s.in_flight,
+        "inflight": s.in_flight,
         "queued": s.queued,
         "busy_ratio": s.busy_ratio,
         "uptime_ms": s.uptime_ms,
@@ -158,7 +158,7 @@ pub fn to_json(s: &StatusResponse) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "workers": s.workers.iter().map(|w| json!({
             "id": w.id, "state": w.state, "pid": w.pid, "address": w.address,
-            "models": w.models, "in_flight": w.in_flight, "requests": w.requests,
+            "models": w.models, "inflight": w.in_flight, "requests": w.requests,
             "routable": w.routable, "restarts": w.restarts, "last_fault": w.last_fault,
             "last_exit": w.last_exit, "gpu": w.gpu, "command": w.command,
             "startup_ms": w.startup_ms, "last_output": w.last_output,
@@ -184,7 +184,7 @@ fn print_status(s: &StatusResponse) {
     );
     println!(
         "{:<12} {:<12} {:>8} {:>8} {:>9} {:>9} {:>8}  LAST FAULT",
-        "WORKER", "STATE", "PID", "ROUTED", "IN-FLIGHT", "REQUESTS", "RESTARTS"
+        "WORKER", "STATE", "PID", "ROUTED", "INFLIGHT", "REQUESTS", "RESTARTS"
     );
     for w in &s.workers {
         println!(
