@@ -7,12 +7,16 @@
 #      the client library (weighted P2C over ZooKeeper); a warm-up run first
 #      (connections, slow start and, for auto, the estimates), then the
 #      measured run. Prints throughput per run and auto / pinned.
+# MAX_INFLIGHT (default 1) is the agents' max_inflight per worker: 1 matches
+# the workers' one slot; 64 (the agent's default) overstates their parallelism,
+# the case README "Live capacity" warns about.
 # Needs Debian's zookeeper package (.ci/run installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${BENCH_DURATION:-10s}
 rounds=${ROUNDS:-2}
 callers=${CALLERS:-16}
+max_inflight=${MAX_INFLIGHT:-1}
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=$PWD/target/release
 . scripts/lib.sh
@@ -29,9 +33,11 @@ start_fleet() { # service weight-of-node-0 weight-of-node-1 weight-of-node-2
   local service=$1; shift
   for i in 0 1 2; do
     local o a; o=$(port); a=$(port); oip[$i]=$o
-    "$bin/infermesh" agent --node-id "node-${ms[$i]}ms" --listen "127.0.0.1:$o" --admin-listen "127.0.0.1:$a" \
+    printf '[[workers]]\ncommand = "%s --listen 127.0.0.1:{port} --service-time-ms %s --concurrency 1"\nmax_inflight = %s\n' \
+      "$bin/infermesh-testworker" "${ms[$i]}" "$max_inflight" > "$dir/$service-$i.toml"
+    "$bin/infermesh" agent --config "$dir/$service-$i.toml" --node-id "node-${ms[$i]}ms" \
+      --listen "127.0.0.1:$o" --admin-listen "127.0.0.1:$a" \
       --registry "$registry" --service "$service" --weight "$1" \
-      --worker "$bin/infermesh-testworker --listen 127.0.0.1:{port} --service-time-ms ${ms[$i]} --concurrency 1" \
       2>"$dir/$service-$i.log" &
     apid[$i]=$!
     pids+=($!)

@@ -381,11 +381,16 @@ impl Pool {
         }
         match self.weight {
             Weight::Fixed(w) => w * s.routable as f64 / self.workers.len() as f64,
-            Weight::Auto => capacity::node_capacity(
-                s.slots
-                    .iter()
-                    .map(|sl| (sl.estimator.capacity(), sl.routable, sl.health, sl.max)),
-            ),
+            // In thousandths, as the trailer writes it, so every encoding of
+            // the report (trailer, ORCA, registry) carries the same number.
+            Weight::Auto => {
+                let w = capacity::node_capacity(
+                    s.slots
+                        .iter()
+                        .map(|sl| (sl.estimator.capacity(), sl.routable, sl.health, sl.max)),
+                );
+                (w * 1000.0).round() / 1000.0
+            }
         }
     }
 

@@ -338,15 +338,17 @@ async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
         panic!("only a is measured: {:?}", f.pool.worker_capacity());
     };
     assert!(a > 0.0 && a.is_finite(), "{a}");
+    // The weight is advertised in thousandths (as the trailer writes it).
+    let milli = |x: f64| (x * 1000.0).round() / 1000.0;
     // b, routable but unmeasured, counts at a's value; c is not routable.
-    assert_eq!(f.pool.weight(), 2.0 * a);
-    assert_eq!(f.pool.load().weight, 2.0 * a);
+    assert_eq!(f.pool.weight(), milli(2.0 * a));
+    assert_eq!(f.pool.load().weight, milli(2.0 * a));
     assert_eq!(f.pool.score(), 3.0 * a);
     // An idle tick holds the estimate; the health factors scale each worker.
     f.pool
         .capacity_tick(start, capacity::TICK, &[0.5, 1.0, 1.0]);
     assert_eq!(f.pool.worker_capacity()[0], Some(a));
-    assert_eq!(f.pool.weight(), 1.5 * a);
+    assert_eq!(f.pool.weight(), milli(1.5 * a));
     f.set_routable(1, false);
-    assert_eq!(f.pool.weight(), 0.5 * a);
+    assert_eq!(f.pool.weight(), milli(0.5 * a));
 }

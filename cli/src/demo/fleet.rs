@@ -135,9 +135,9 @@ fn config(
         node_id: Some(plan.name.into()),
         listen: Some(oip.to_string()),
         admin_listen: Some(admin.to_string()),
-        // Every node advertises the default weight: the client tells fast
-        // from slow by the latency it sees (peak EWMA), which is what the
-        // slowdown shows.
+        // The default weight, "auto": each node advertises the capacity it
+        // measures, and the client also tells fast from slow by the latency
+        // it sees (peak EWMA), which is what the slowdown shows first.
         weight: None,
         shutdown_grace: Some(Duration::from_secs(2)),
         // The agent shares this process's runtime; it does not build its own.
