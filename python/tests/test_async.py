@@ -42,12 +42,12 @@ def test_cancelling_a_call_leaves_nothing_in_flight() -> None:
             x = dense_input(1, seed=0)
             task = asyncio.ensure_future(client.infer("dense", {"INPUT0": x}))
             # Wait until the call is on the node, then cancel it.
-            while not any(s["in_flight"] for s in client.node_stats().values()):
+            while not any(s["inflight"] for s in client.node_stats().values()):
                 await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            while any(s["in_flight"] for s in client.node_stats().values()):
+            while any(s["inflight"] for s in client.node_stats().values()):
                 await asyncio.sleep(0.01)
             stats = client.node_stats()
             assert sum(s["attempts"] for s in stats.values()) == 1

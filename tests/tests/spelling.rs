@@ -46,6 +46,8 @@ fn files() -> Vec<PathBuf> {
         "client-lb/src",
         "proto/src",
         "python/infermesh",
+        "python/tests",
+        "tests/py",
         "python/src",
     ];
     let mut stack: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
