@@ -10,6 +10,7 @@
 #       whose both ends are shaped by `tbf` (RATE, default 200mbit) over a
 #       short `pfifo` (20 packets), so packets really drop. Needs root; the
 #       namespace, the veth pair and every process are removed on exit.
+# SIZES="..." and CONCS="..." choose other sizes (bytes) and concurrencies.
 #
 # Certificates are made with openssl in a scratch directory (deleted on exit).
 set -euo pipefail
@@ -115,8 +116,8 @@ for service in plain tls; do
 done
 
 printf '%-10s %9s %4s %9s %11s %9s %9s %8s\n' mode size conc req/s 'MiB/s in' 'p50 ms' 'p99 ms' fallback
-for size in 1024 1048576 16777216; do
-  for conc in 1 16; do
+for size in ${SIZES:-1024 1048576 16777216}; do
+  for conc in ${CONCS:-1 16}; do
     for mode in grpc grpc+tls quic; do
       case $mode in
         grpc) args=(--service plain --transport grpc) ;;
