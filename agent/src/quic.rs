@@ -126,6 +126,8 @@ async fn connection(
     shutdown: Shutdown,
     tasks: TaskTracker,
 ) {
+    // This connection's streams, to let them finish before it closes.
+    let streams = TaskTracker::new();
     loop {
         let (send, recv) = tokio::select! {
             s = conn.accept_bi() => match s {
@@ -137,22 +139,27 @@ async fn connection(
             },
             _ = shutdown.graceful.cancelled() => break,
         };
-        let (front, pool, hard, keep) = (
+        let (front, pool, hard, mine) = (
             front.clone(),
             Arc::clone(&pool),
             shutdown.hard.clone(),
-            conn.clone(),
+            streams.token(),
         );
         tasks.spawn(async move {
             tokio::select! {
                 _ = stream(front, pool, limits, send, recv) => {}
                 _ = hard.cancelled() => {}
             }
-            drop(keep);
+            drop(mine);
         });
     }
-    // Open streams hold their own handle: they finish, then the connection
-    // goes. New streams are refused.
+    // Stopping: no new streams; the open ones finish (or the hard stop
+    // comes), then the connection closes.
+    streams.close();
+    tokio::select! {
+        _ = streams.wait() => {}
+        _ = shutdown.hard.cancelled() => {}
+    }
     conn.close(0u32.into(), b"agent stopping");
 }
 
