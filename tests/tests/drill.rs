@@ -31,7 +31,7 @@ gpu = 1
             .args([
                 "drill", "--target", &oip, "--admin", &admin, "--count", "2", "--json",
             ])
-            .arg("--token-file")
+            .arg("--admin-token-file")
             .arg(&token_file)
             .args([
                 "--fault",

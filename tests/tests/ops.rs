@@ -22,7 +22,7 @@ async fn cli(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         Command::new(bin("infermesh"))
             .args(&args)
-            .env_remove("INFERMESH_TOKEN_FILE")
+            .env_remove("INFERMESH_TOKEN_FILE") // earlier spelling: still read
             .env_remove("INFERMESH_ADMIN_TOKEN_FILE")
             .env_remove("INFERMESH_REGISTRY")
             .output()

@@ -48,6 +48,7 @@ fn files() -> Vec<PathBuf> {
         "python/infermesh",
         "python/tests",
         "tests/py",
+        "tests/tests",
         "python/src",
     ];
     let mut stack: Vec<PathBuf> = dirs.iter().map(|d| root.join(d)).collect();
@@ -80,6 +81,9 @@ fn one_spelling_per_concept() {
         files.len()
     );
     for path in files {
+        if path.ends_with("tests/tests/spelling.rs") {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).unwrap();
         for (n, line) in text.lines().enumerate() {
             if line.contains("still read")

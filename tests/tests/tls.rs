@@ -372,7 +372,8 @@ async fn cli(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         Command::new(bin("infermesh"))
             .args(&args)
-            .env_remove("INFERMESH_TOKEN_FILE")
+            .env_remove("INFERMESH_TOKEN_FILE") // earlier spelling: still read
+            .env_remove("INFERMESH_ADMIN_TOKEN_FILE")
             .env_remove("INFERMESH_REGISTRY")
             .env_remove("INFERMESH_TLS_CA")
             .env_remove("INFERMESH_TLS_CERT")
@@ -434,7 +435,7 @@ async fn ops_cli_over_tls() {
     let out = cli(with_tls(base(&["nodes"]))).await;
     assert!(out.status.success(), "{out:?}");
     let doc = json_of(&out);
-    assert_eq!(doc["nodes"][0]["in_flight"], 0, "{doc}");
+    assert_eq!(doc["nodes"][0]["inflight"], 0, "{doc}");
 
     // Without the CA: a clear configuration error, no plaintext attempt.
     let out = cli(base(&["status", "sec-cli"])).await;
@@ -446,12 +447,12 @@ async fn ops_cli_over_tls() {
 
     let token = path(&agent.token_file);
     let mut health = with_tls(base(&["health", "sec-cli"]));
-    health.extend(["--token-file".into(), token.clone()]);
+    health.extend(["--admin-token-file".into(), token.clone()]);
     let out = cli(health).await;
     assert!(out.status.success(), "{out:?}");
 
     let mut drain = with_tls(base(&["drain", "sec-cli"]));
-    drain.extend(["--token-file".into(), token]);
+    drain.extend(["--admin-token-file".into(), token]);
     let out = cli(drain).await;
     assert!(out.status.success(), "{out:?}");
     let out = cli(with_tls(base(&["nodes"]))).await;
