@@ -10,7 +10,8 @@
 //!   that does not load (a half-written Secret, a key of another
 //!   certificate) is logged and the old one stays.
 //! - **Client certificates** (`client_ca`): every port requires one signed
-//!   by that CA. The OIP port and KServe HTTP (the data plane) further
+//!   by that CA, a file re-read like the certificate (a new CA that loads
+//!   replaces the old one for new handshakes). The OIP port and KServe HTTP (the data plane) further
 //!   require one of `allow_clients` among its DNS names when that list is
 //!   set; the admin port does not (operators' tools use their own
 //!   certificates; mutating calls need the admin token anyway).
@@ -58,6 +59,8 @@ pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 /// The agent's TLS: acceptors per port over one reloading certificate.
 pub struct ServerTls {
     certs: Arc<Reloading>,
+    /// The client CA (mTLS), re-read like the certificate.
+    client_ca: Option<Arc<ReloadingCa>>,
     /// The OIP port (ALPN `h2`; allow-list applies).
     pub oip: TlsAcceptor,
     /// KServe HTTP (`h2`, `http/1.1`; allow-list applies).
@@ -73,16 +76,14 @@ impl ServerTls {
     /// Loads the files; the error says which is wrong and why.
     pub fn load(settings: &TlsSettings) -> Result<Self, String> {
         let certs = Arc::new(Reloading::load(settings)?);
-        let (data, admin) = match &settings.client_ca {
+        let client_ca = match &settings.client_ca {
+            None => None,
+            Some(ca) => Some(Arc::new(ReloadingCa::load(ca)?)),
+        };
+        let (data, admin) = match &client_ca {
             None => (None, None),
-            Some(ca) => {
-                let roots = Arc::new(root_store(
-                    &read_pem(ca, "tls.client_ca")?,
-                    "tls.client_ca",
-                )?);
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
-                    .build()
-                    .map_err(|e| format!("tls.client_ca: {e}"))?;
+            Some(verifier) => {
+                let verifier: Arc<dyn ClientCertVerifier> = Arc::clone(verifier) as _;
                 let data: Arc<dyn ClientCertVerifier> = if settings.allow_clients.is_empty() {
                     Arc::clone(&verifier)
                 } else {
@@ -126,6 +127,7 @@ impl ServerTls {
                 &[&rustls::version::TLS13],
             ),
             certs,
+            client_ca,
         })
     }
 
@@ -135,6 +137,22 @@ impl ServerTls {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.cancelled() => return,
+            }
+            if let Some(ca) = &self.client_ca {
+                let ca = Arc::clone(ca);
+                let path = ca.path.clone();
+                match tokio::task::spawn_blocking(move || ca.reload()).await {
+                    Ok(Ok(true)) => tracing::info!(
+                        client_ca = %path.display(),
+                        "TLS client CA reloaded: new connections are verified against it"
+                    ),
+                    Ok(Ok(false)) => {}
+                    Ok(Err(e)) => tracing::warn!(
+                        error = %e,
+                        "TLS client CA file changed but does not load; keeping the current CA"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "TLS client CA reload task failed"),
+                }
             }
             let certs = Arc::clone(&self.certs);
             match tokio::task::spawn_blocking(move || certs.reload()).await {
@@ -155,6 +173,11 @@ impl ServerTls {
     /// Reads the files now; true if the certificate changed (tests).
     pub fn reload(&self) -> Result<bool, String> {
         self.certs.reload()
+    }
+
+    /// Reads the client CA file now; true if it changed (tests).
+    pub fn reload_client_ca(&self) -> Result<bool, String> {
+        self.client_ca.as_ref().map_or(Ok(false), |ca| ca.reload())
     }
 }
 
@@ -211,6 +234,104 @@ impl Reloading {
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current.load_full())
+    }
+}
+
+/// The client-certificate verifier over the CA file, rebuilt when the
+/// file's bytes change and the new CA loads (a CA rotated by cert-manager or
+/// a Secret update): new handshakes are verified against it, connections
+/// already open keep going. It offers clients no list of acceptable CA
+/// names (the hint is optional in TLS; clients send their one certificate).
+struct ReloadingCa {
+    path: PathBuf,
+    current: ArcSwap<Verifier>,
+    loaded: Mutex<Vec<u8>>,
+}
+
+/// One built verifier.
+struct Verifier(Arc<dyn ClientCertVerifier>);
+
+impl std::fmt::Debug for ReloadingCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadingCa")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReloadingCa {
+    fn build(pem: &[u8]) -> Result<Verifier, String> {
+        let roots = Arc::new(root_store(pem, "tls.client_ca")?);
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+            .build()
+            .map_err(|e| format!("tls.client_ca: {e}"))?;
+        Ok(Verifier(verifier))
+    }
+
+    fn load(path: &std::path::Path) -> Result<Self, String> {
+        let pem = read_pem(path, "tls.client_ca")?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            current: ArcSwap::from_pointee(Self::build(&pem)?),
+            loaded: Mutex::new(pem),
+        })
+    }
+
+    fn reload(&self) -> Result<bool, String> {
+        let pem = read_pem(&self.path, "tls.client_ca")?;
+        let mut loaded = self.loaded.lock().expect("not poisoned");
+        if *loaded == pem {
+            return Ok(false);
+        }
+        self.current.store(Arc::new(Self::build(&pem)?));
+        *loaded = pem;
+        Ok(true)
+    }
+}
+
+impl ClientCertVerifier for ReloadingCa {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current
+            .load()
+            .0
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .0
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current
+            .load()
+            .0
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.current.load().0.supported_verify_schemes()
     }
 }
 

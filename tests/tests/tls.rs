@@ -524,3 +524,44 @@ async fn bad_certificate_files_are_configuration_errors() {
         "{out:?}"
     );
 }
+
+/// The client CA file (mTLS) is re-read like the certificate: after a CA
+/// rotation on disk, clients of the new CA get in and clients of the old one
+/// are refused, without restarting the agent.
+#[tokio::test]
+async fn a_rotated_client_ca_is_picked_up() {
+    let dir = scratch("client-ca");
+    let c = certs(&dir);
+    let ca_file = dir.join("client-ca.pem");
+    std::fs::copy(&c.ca, &ca_file).unwrap();
+    let agent = Agent::builder()
+        .config(format!(
+            "[tls]\ncert = \"{}\"\nkey = \"{}\"\nreload_interval = \"200ms\"\nclient_ca = \"{}\"\n\
+             [[workers]]\ncommand = \"{}\"\n",
+            path(&c.server.cert),
+            path(&c.server.key),
+            path(&ca_file),
+            testworker("")
+        ))
+        .spawn();
+    let old = client_tls(&c.ca, Some(&c.trainer));
+    wait_ready_tls(&agent, &old, 1).await;
+    let oip = agent.oip.to_string();
+
+    // A client of the next CA (trusting the agent's CA as before).
+    let next = Pki::new(&dir, "next");
+    let next_id = next.client("next-client", &["trainer.test"], 9);
+    let new = client_tls(&c.ca, Some(&next_id));
+    assert!(
+        server_ready(tls_channel(&oip, &new)).await.is_err(),
+        "not before the rotation"
+    );
+
+    std::fs::copy(next.ca_file("next"), &ca_file).unwrap();
+    eventually("the new client CA in use", || async {
+        server_ready(tls_channel(&oip, &new)).await.ok()
+    })
+    .await;
+    let err = server_ready(tls_channel(&oip, &old)).await.unwrap_err();
+    assert!(err.contains("alert"), "{err}");
+}
