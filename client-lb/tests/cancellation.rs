@@ -4,61 +4,19 @@
 //! Afterwards both nodes' in-flight counts are zero and traffic is shared as
 //! it was before the cancellations.
 
+mod common;
+
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use infermesh_client::paths::BoxFuture;
-use infermesh_client::{Client, PathError, Peer, Transport};
-use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
-use infermesh_transport::Path;
+use common::{InProcess, request};
+use infermesh_client::Client;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 
 const A: &str = "127.0.0.1:1";
 const B: &str = "127.0.0.1:2";
-
-/// Answers after a fixed time per node: A takes 2 ms, B 4 ms.
-#[derive(Default)]
-struct InProcess {
-    answered: Mutex<HashMap<String, u64>>,
-}
-
-impl Transport for InProcess {
-    fn path(&self) -> Path {
-        Path::Grpc
-    }
-
-    fn reaches(&self, _peer: &Peer) -> bool {
-        true
-    }
-
-    fn call<'a>(
-        &'a self,
-        peer: &'a Peer,
-        _req: &'a ModelInferRequest,
-        _timeout: Duration,
-    ) -> BoxFuture<'a, Result<tonic::Response<ModelInferResponse>, PathError>> {
-        Box::pin(async move {
-            let ms = if peer.node == A { 2 } else { 4 };
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            *self
-                .answered
-                .lock()
-                .unwrap()
-                .entry(peer.node.clone())
-                .or_default() += 1;
-            Ok(tonic::Response::new(ModelInferResponse::default()))
-        })
-    }
-}
-
-fn request() -> ModelInferRequest {
-    ModelInferRequest {
-        model_name: "dense".into(),
-        ..Default::default()
-    }
-}
 
 /// `calls` calls from 8 concurrent callers; with `cancel`, each call races
 /// a timer of 0 to 6 ms. Returns (completed per node, cancelled).
@@ -117,7 +75,11 @@ fn share_of_a(done: &HashMap<String, u64>) -> f64 {
 
 #[tokio::test(start_paused = true)]
 async fn cancelled_calls_leave_no_load_behind() {
-    let transport = Arc::new(InProcess::default());
+    // A takes 2 ms, B 4 ms.
+    let transport = Arc::new(InProcess::new(&[
+        (A, Duration::from_millis(2)),
+        (B, Duration::from_millis(4)),
+    ]));
     let client = Client::builder()
         .registry(format!("static://{A},{B}"))
         .seed(3)
