@@ -79,6 +79,10 @@ pub const TICK: Duration = Duration::from_secs(1);
 /// traffic (ticks without traffic do not count).
 pub const HALF_LIFE: Duration = Duration::from_secs(5);
 
+/// A tick longer than this means the agent was not running (its ticker
+/// fell that far behind): the tick's sample is dropped.
+pub const MAX_TICK: Duration = Duration::from_secs(3);
+
 /// Weighted completions a worker needs before its estimate is used.
 pub const MIN_COMPLETIONS: f64 = 8.0;
 
@@ -170,6 +174,14 @@ impl Estimator {
     pub fn observe(&mut self, sample: Sample, tick: Duration, slots: usize) {
         if sample.completions == 0 && sample.in_flight_secs <= 0.0 {
             // Idle: hold.
+            return;
+        }
+        if tick > MAX_TICK {
+            // The agent itself did not run for that long (SIGSTOP, a paused
+            // VM, starvation): requests it held in flight meanwhile seem to
+            // have taken the whole stall, which says nothing of the worker.
+            // Folded in, it would cut the estimate many times over, and the
+            // low weight would keep away the traffic that could correct it.
             return;
         }
         let keep = 0.5f64.powf(tick.as_secs_f64() / HALF_LIFE.as_secs_f64());
@@ -478,6 +490,24 @@ mod tests {
         );
         run(&mut e, 1, 1, ms(10), ms(0), 30);
         assert!((e.capacity().unwrap() - 100.0).abs() < 2.0);
+    }
+
+    #[test]
+    fn a_stall_of_the_agent_itself_is_not_folded_in() {
+        let mut est = Estimator::default();
+        run(&mut est, 1, 1, Duration::from_millis(2), Duration::ZERO, 10);
+        let before = est.capacity().unwrap();
+        // Four requests in flight across an 8 s stop of the agent: one 9 s
+        // tick with 32 request-seconds and four completions.
+        let stalled = Sample {
+            completions: 4,
+            in_flight_secs: 32.0,
+        };
+        est.observe(stalled, Duration::from_secs(9), 1);
+        assert_eq!(est.capacity(), Some(before));
+        // A slow tick of normal length still counts.
+        est.observe(stalled, TICK, 1);
+        assert!(est.capacity().unwrap() < before);
     }
 
     #[test]
