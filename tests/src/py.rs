@@ -16,14 +16,29 @@ pub fn venv() -> PathBuf {
 
 /// Creates the venv with tritonclient and numpy unless it is there already.
 fn make_venv() -> PathBuf {
-    let venv = bin_dir().parent().expect("target dir").join("py-venv");
+    ensure_venv(
+        "py-venv",
+        "import tritonclient.grpc, tritonclient.http, numpy, grpc_health.v1.health_pb2_grpc, xds.data.orca.v3, grpclib",
+        &[
+            "tritonclient[grpc,http]",
+            "numpy",
+            "grpcio-health-checking",
+            "xds-protos",
+            "grpclib",
+        ],
+    )
+}
+
+/// The Python of the virtualenv `target/NAME`, created with `packages` from
+/// PyPI unless it is there already and `imports` (a Python statement) runs.
+/// Callers keep it behind a `OnceLock`: tests run in parallel and must not
+/// install into one venv at once.
+pub fn ensure_venv(name: &str, imports: &str, packages: &[&str]) -> PathBuf {
+    let venv = bin_dir().parent().expect("target dir").join(name);
     let python = venv.join("bin/python");
     let ready = python.exists()
         && Command::new(&python)
-            .args([
-                "-c",
-                "import tritonclient.grpc, tritonclient.http, numpy, grpc_health.v1.health_pb2_grpc, xds.data.orca.v3, grpclib",
-            ])
+            .args(["-c", imports])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
@@ -34,22 +49,17 @@ fn make_venv() -> PathBuf {
             "create venv",
         );
         run(
-            Command::new(venv.join("bin/pip")).args([
-                "install",
-                "--quiet",
-                "tritonclient[grpc,http]",
-                "numpy",
-                "grpcio-health-checking",
-                "xds-protos",
-                "grpclib",
-            ]),
-            "pip install tritonclient[grpc,http] numpy grpcio-health-checking xds-protos grpclib",
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet"])
+                .args(packages),
+            &format!("pip install {}", packages.join(" ")),
         );
     }
     python
 }
 
-fn run(cmd: &mut Command, what: &str) {
+/// Runs `cmd`, failing the test if it does not succeed.
+pub fn run(cmd: &mut Command, what: &str) {
     let status = cmd.status().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(status.success(), "{what} failed: {status}");
 }

@@ -22,10 +22,11 @@
 //!   counts them (checked here), and an agent called without it counts gRPC.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use infermesh_tests::py::{ensure_venv, run};
 use infermesh_tests::zk::Zk;
-use infermesh_tests::{Agent, bin_dir, testworker};
+use infermesh_tests::{Agent, testworker};
 
 /// The venv's Python with the package installed, once per test binary.
 fn python() -> PathBuf {
@@ -42,33 +43,12 @@ fn workspace() -> &'static Path {
 /// Creates the venv (maturin, numpy, pytest, mypy) unless it is there, then
 /// builds and installs the package from `python/`.
 fn install() -> PathBuf {
-    let venv = bin_dir().parent().expect("target dir").join("py-infermesh");
-    let bin = venv.join("bin");
-    let python = bin.join("python");
-    let ready = python.exists()
-        && Command::new(&python)
-            .args(["-c", "import maturin, numpy, pytest, mypy"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-    if !ready {
-        let python3 = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        run(
-            Command::new(python3).args(["-m", "venv"]).arg(&venv),
-            "create venv",
-        );
-        run(
-            Command::new(bin.join("pip")).args([
-                "install",
-                "--quiet",
-                "maturin>=1.5,<2",
-                "numpy",
-                "pytest",
-                "mypy",
-            ]),
-            "pip install maturin numpy pytest mypy",
-        );
-    }
+    let python = ensure_venv(
+        "py-infermesh",
+        "import maturin, numpy, pytest, mypy",
+        &["maturin>=1.5,<2", "numpy", "pytest", "mypy"],
+    );
+    let bin = python.parent().expect("venv bin").to_path_buf();
     // maturin's PEP 517 hook runs the `maturin` binary from PATH.
     let path = format!(
         "{}:{}",
@@ -90,11 +70,6 @@ fn install() -> PathBuf {
         "pip install ./python",
     );
     python
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let status = cmd.status().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(status.success(), "{what} failed: {status}");
 }
 
 /// Runs pytest on `files` (in `python/tests/`) with `env`; fails the test
