@@ -19,7 +19,8 @@
 //! the request's model and counts it in flight under one lock → one attempt
 //! on that node within its per-attempt timeout, whose in-flight guard
 //! records success, failure, timeout or cancellation → a [`Transport`]
-//! (the [`paths`] ladder: shared memory, RDMA, gRPC). Errors are typed
+//! (the [`paths`] ladder: shared memory to the local node, RDMA, QUIC, gRPC;
+//! TLS wherever the node's record says so). Errors are typed
 //! ([`ClientError`]); no node for a model fails at once:
 //!
 //! ```no_run
@@ -33,8 +34,7 @@
 //! let y = client.infer_f32("dense", "INPUT0", &[1, 16], &[0.5; 16]).await?;
 //! # Ok(()) }
 //! ```
-//!
-//! To come: QUIC as a transport rung.
+
 #![forbid(unsafe_code)]
 
 pub mod balancer;
