@@ -82,21 +82,19 @@ impl ServerTls {
         };
         let (data, admin) = match &client_ca {
             None => (None, None),
-            Some(verifier) => {
-                let verifier: Arc<dyn ClientCertVerifier> = Arc::clone(verifier) as _;
-                let data: Arc<dyn ClientCertVerifier> = if settings.allow_clients.is_empty() {
-                    Arc::clone(&verifier)
-                } else {
-                    Arc::new(AllowList {
-                        inner: Arc::clone(&verifier),
-                        names: settings
-                            .allow_clients
-                            .iter()
-                            .map(|n| ServerName::try_from(n.clone()).expect("checked in config"))
-                            .collect(),
+            Some(ca) => {
+                let verifier = |allow: Vec<ServerName<'static>>| -> Arc<dyn ClientCertVerifier> {
+                    Arc::new(ClientCerts {
+                        ca: Arc::clone(ca),
+                        allow,
                     })
                 };
-                (Some(data), Some(verifier))
+                let allow = settings
+                    .allow_clients
+                    .iter()
+                    .map(|n| ServerName::try_from(n.clone()).expect("checked in config"))
+                    .collect();
+                (Some(verifier(allow)), Some(verifier(Vec::new())))
             }
         };
         let server_config =
@@ -237,11 +235,11 @@ impl ResolvesServerCert for Reloading {
     }
 }
 
-/// The client-certificate verifier over the CA file, rebuilt when the
-/// file's bytes change and the new CA loads (a CA rotated by cert-manager or
-/// a Secret update): new handshakes are verified against it, connections
-/// already open keep going. It offers clients no list of acceptable CA
-/// names (the hint is optional in TLS; clients send their one certificate).
+/// The client CA file's verifier, rebuilt when the file's bytes change and
+/// the new CA loads (a CA rotated by cert-manager or a Secret update): new
+/// handshakes are verified against it, connections already open keep going.
+/// [`ClientCerts`] offers clients no list of acceptable CA names (the hint
+/// is optional in TLS; clients send their one certificate).
 struct ReloadingCa {
     path: PathBuf,
     current: ArcSwap<Verifier>,
@@ -289,7 +287,16 @@ impl ReloadingCa {
     }
 }
 
-impl ClientCertVerifier for ReloadingCa {
+/// Client certificates on one port: signed by the current CA and, when
+/// `allow` is not empty (the data plane's allow-list), valid for one of its
+/// names. The ports share one [`ReloadingCa`].
+#[derive(Debug)]
+struct ClientCerts {
+    ca: Arc<ReloadingCa>,
+    allow: Vec<ServerName<'static>>,
+}
+
+impl ClientCertVerifier for ClientCerts {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         &[]
     }
@@ -300,65 +307,18 @@ impl ClientCertVerifier for ReloadingCa {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.current
-            .load()
-            .0
-            .verify_client_cert(end_entity, intermediates, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current
-            .load()
-            .0
-            .verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.current
-            .load()
-            .0
-            .verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.current.load().0.supported_verify_schemes()
-    }
-}
-
-/// A client certificate the CA signed *and* valid for one of `names`.
-#[derive(Debug)]
-struct AllowList {
-    inner: Arc<dyn ClientCertVerifier>,
-    names: Vec<ServerName<'static>>,
-}
-
-impl ClientCertVerifier for AllowList {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
+        let verified =
+            self.ca
+                .current
+                .load()
+                .0
+                .verify_client_cert(end_entity, intermediates, now)?;
+        if self.allow.is_empty() {
+            return Ok(verified);
+        }
         let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
         if self
-            .names
+            .allow
             .iter()
             .any(|n| rustls::client::verify_server_name(&cert, n).is_ok())
         {
@@ -376,7 +336,11 @@ impl ClientCertVerifier for AllowList {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.ca
+            .current
+            .load()
+            .0
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -385,11 +349,15 @@ impl ClientCertVerifier for AllowList {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.ca
+            .current
+            .load()
+            .0
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.ca.current.load().0.supported_verify_schemes()
     }
 }
 
