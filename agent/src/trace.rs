@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::{HeaderMap, HeaderValue};
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TraceContextExt;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -95,22 +95,21 @@ pub fn record(field: &'static str, value: &dyn std::fmt::Display) {
     }
 }
 
-/// `traceparent` naming `span`, if it is part of a trace.
-pub fn traceparent(span: &tracing::Span) -> Option<String> {
-    if span.is_none() {
-        return None;
+struct HeadersMut<'a>(&'a mut HeaderMap);
+
+impl Injector for HeadersMut<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        // The propagator writes `tracestate` even when it is empty.
+        if value.is_empty() {
+            return;
+        }
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(key.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            self.0.insert(name, value);
+        }
     }
-    let cx = span.context();
-    let otel = cx.span();
-    let sc = otel.span_context();
-    sc.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags().to_u8()
-        )
-    })
 }
 
 /// Sets `traceparent` in the headers going to the worker to the current
@@ -119,11 +118,8 @@ pub fn inject(headers: &mut HeaderMap) {
     if !enabled() {
         return;
     }
-    if let Some(v) =
-        traceparent(&tracing::Span::current()).and_then(|t| HeaderValue::from_str(&t).ok())
-    {
-        headers.insert(TRACEPARENT, v);
-    }
+    let cx = tracing::Span::current().context();
+    TraceContextPropagator::new().inject_context(&cx, &mut HeadersMut(headers));
 }
 
 #[cfg(test)]
