@@ -67,18 +67,7 @@ openssl x509 -req -in "$dir/agent.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" -C
   -days 1 -extfile "$dir/ext" -out "$dir/agent.pem" 2>/dev/null
 
 # ZooKeeper where the agents can reach it.
-zkport=$(port)
-zkhost=$([ -n "$link" ] && echo 10.99.0.2 || echo 127.0.0.1)
-mkdir -p "$dir/zk"
-printf 'tickTime=500\ndataDir=%s/zk\nclientPort=%s\nclientPortAddress=%s\nadmin.enableServer=false\n4lw.commands.whitelist=ruok\n' \
-  "$dir" "$zkport" "$zkhost" > "$dir/zoo.cfg"
-java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >/dev/null 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-  [ "$(python3 -c "import socket;s=socket.create_connection(('$zkhost',$zkport),1);s.sendall(b'ruok');print(s.recv(4).decode())" 2>/dev/null)" = imok ] && break
-  sleep 0.1
-done
-registry="zk://$zkhost:$zkport/infermesh"
+start_zookeeper "$dir" "$([ -n "$link" ] && echo 10.99.0.2 || echo 127.0.0.1)"
 
 # One plaintext agent (service "plain") and one with TLS and QUIC ("tls").
 agent() { # NAME EXTRA-TOML

@@ -3,19 +3,20 @@
 # A loopback port nobody listens on right now.
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# start_zookeeper DIR: starts Debian's ZooKeeper with its data under DIR/zk on
-# a free loopback port, adds its pid to the caller's `pids`, waits until it
-# answers `ruok`, and sets `registry` to zk://127.0.0.1:PORT/infermesh.
+# start_zookeeper DIR [HOST]: starts Debian's ZooKeeper with its data under
+# DIR/zk on a free port of HOST (default 127.0.0.1), adds its pid to the
+# caller's `pids`, waits until it answers `ruok`, and sets `registry` to
+# zk://HOST:PORT/infermesh.
 start_zookeeper() {
-  local dir=$1 zkport
+  local dir=$1 host=${2:-127.0.0.1} zkport
   zkport=$(port)
   mkdir -p "$dir/zk"
-  printf 'tickTime=500\ndataDir=%s/zk\nclientPort=%s\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=ruok\n' "$dir" "$zkport" > "$dir/zoo.cfg"
+  printf 'tickTime=500\ndataDir=%s/zk\nclientPort=%s\nclientPortAddress=%s\nadmin.enableServer=false\n4lw.commands.whitelist=ruok\n' "$dir" "$zkport" "$host" > "$dir/zoo.cfg"
   java -cp /usr/share/java/zookeeper.jar org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/zoo.cfg" >/dev/null 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do
-    [ "$(python3 -c "import socket;s=socket.create_connection(('127.0.0.1',$zkport),1);s.sendall(b'ruok');print(s.recv(4).decode())" 2>/dev/null)" = imok ] && break
+    [ "$(python3 -c "import socket;s=socket.create_connection(('$host',$zkport),1);s.sendall(b'ruok');print(s.recv(4).decode())" 2>/dev/null)" = imok ] && break
     sleep 0.1
   done
-  registry="zk://127.0.0.1:$zkport/infermesh"
+  registry="zk://$host:$zkport/infermesh"
 }
