@@ -353,8 +353,15 @@ async fn serve_connection<T>(
 }
 
 /// Most streams a client may reset before the agent has accepted them
-/// (the "rapid reset" attack) before the connection is closed.
-const MAX_PENDING_RESETS: usize = 64;
+/// (the "rapid reset" attack) before the connection is closed. Not small:
+/// while the agent itself stalls (a pause, CPU starvation), a client's
+/// timed-out attempts pile up in the socket as opened-then-reset streams
+/// and are all read at once when it runs again: 8 callers timing out every
+/// 30 ms during a 1 s stall leave about 270. With h2's default (20), or the
+/// 64 used before, the agent then closed the connection of a well-behaved
+/// client, failing its requests in flight. An attacker still cannot make
+/// the agent hold more than this many dead streams per connection.
+const MAX_PENDING_RESETS: usize = 1024;
 
 /// At `at`, pings the peer; true if it answered within `timeout`.
 async fn keepalive(ping: &mut Option<h2::PingPong>, at: Instant, timeout: Duration) -> bool {

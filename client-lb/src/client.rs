@@ -765,6 +765,13 @@ impl Client {
                 }
                 Attempt::Retry(status) => {
                     if !retry(stack) {
+                        tracing::debug!(
+                            %node,
+                            code = ?status.code(),
+                            attempts,
+                            more,
+                            "attempt failed; no retry (attempt limit, no other node, deadline or retry budget)"
+                        );
                         return Err(ClientError::Status(status));
                     }
                     tracing::debug!(%node, code = ?status.code(), "retrying on another node");

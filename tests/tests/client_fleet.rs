@@ -202,7 +202,14 @@ async fn sigstopped_agent_under_load_fails_no_request() {
                     let sent = Instant::now();
                     let result = client.infer(request("dense", &input)).await;
                     if let Err(e) = &result {
-                        eprintln!("request failed: {e}");
+                        // What each node had seen by then tells which
+                        // retry rule gave up (attempt limit, no other
+                        // node, deadline or budget).
+                        eprintln!(
+                            "request failed after {:?}: {e:?}; per node: {:?}",
+                            sent.elapsed(),
+                            client.node_stats()
+                        );
                     }
                     samples.lock().unwrap().push(Sample {
                         sent,

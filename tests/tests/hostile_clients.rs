@@ -415,3 +415,104 @@ async fn stalled_huge_requests_are_refused_or_timed_out_and_memory_stays_bounded
         .await
         .unwrap();
 }
+
+/// One raw HTTP/2 frame: 9-byte header, then `payload`.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = Vec::with_capacity(9 + payload.len());
+    f.extend_from_slice(&len.to_be_bytes()[1..]);
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Reads one frame: (type, flags, payload); None at end of stream.
+async fn read_h2_frame(tcp: &mut tokio::net::TcpStream) -> Option<(u8, u8, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    tcp.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    tcp.read_exact(&mut payload).await.ok()?;
+    Some((head[3], head[4], payload))
+}
+
+/// A stall of the agent (SIGSTOP here; CPU starvation or a long pause in
+/// production) lets a client's timed-out attempts pile up in the socket as
+/// streams it opened and then reset. When the agent reads them all at
+/// once, that is not the "rapid reset" attack, and the client's connection
+/// (with its requests in flight) must stay open. With the earlier bound (64
+/// pending resets) the agent answered GOAWAY ENHANCE_YOUR_CALM here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    const PILED: u32 = 300;
+    let agent = Agent::builder().worker(testworker("")).start().await;
+    let mut tcp = tokio::net::TcpStream::connect(agent.oip).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    tcp.write_all(&h2_frame(0x4, 0, 0, &[])).await.unwrap();
+    // The agent's SETTINGS, acknowledged.
+    loop {
+        let (kind, flags, _) = read_h2_frame(&mut tcp).await.expect("agent's SETTINGS");
+        if kind == 0x4 && flags & 0x1 == 0 {
+            break;
+        }
+    }
+    tcp.write_all(&h2_frame(0x4, 0x1, 0, &[])).await.unwrap();
+
+    // A ModelInfer request head in HPACK without the dynamic table.
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+    for (index, value) in [
+        (0x04u8, "/inference.GRPCInferenceService/ModelInfer"), // :path
+        (0x01, "localhost"),                                    // :authority
+        (0x0f, "application/grpc"),                             // content-type (index 31)
+    ] {
+        block.push(index);
+        if index == 0x0f {
+            block.push(31 - 15);
+        }
+        block.push(value.len() as u8);
+        block.extend_from_slice(value.as_bytes());
+    }
+    block.extend_from_slice(&[0x00, 2, b't', b'e', 8]);
+    block.extend_from_slice(b"trailers");
+
+    let pid = Pid::from_raw(agent.pid() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let mut piled = Vec::new();
+    for i in 0..PILED {
+        let stream = 1 + 2 * i;
+        piled.extend(h2_frame(0x1, 0x4, stream, &block)); // HEADERS, END_HEADERS
+        piled.extend(h2_frame(0x3, 0, stream, &8u32.to_be_bytes())); // RST_STREAM CANCEL
+    }
+    // In the socket before the agent runs again: it reads them in one go.
+    tcp.write_all(&piled).await.unwrap();
+    kill(pid, Signal::SIGCONT).unwrap();
+
+    tcp.write_all(&h2_frame(0x6, 0, 0, b"stalled!"))
+        .await
+        .unwrap();
+    loop {
+        match read_h2_frame(&mut tcp).await {
+            Some((0x6, flags, payload)) if flags & 0x1 == 0x1 => {
+                assert_eq!(payload, b"stalled!");
+                break;
+            }
+            Some((0x7, _, payload)) => {
+                let code = u32::from_be_bytes(payload[4..8].try_into().unwrap());
+                panic!("the agent closed the connection: GOAWAY with error code {code:#x}");
+            }
+            Some(_) => {}
+            None => panic!("the agent closed the connection"),
+        }
+    }
+    // And the agent serves.
+    let mut good = agent.client().await;
+    let input = dense::input(1, 4);
+    good.model_infer(dense::request(&input, true))
+        .await
+        .unwrap();
+}
