@@ -512,7 +512,7 @@ impl Stack {
         };
         let (outcome, attempt) = match status.code() {
             _ if timed_out => (Outcome::TimedOut, Attempt::TimedOut),
-            _ if broken => (Outcome::Failure, Attempt::Retry(status)),
+            _ if broken => (Outcome::Failure, Attempt::Retry(connection_failed(&status))),
             // Down, unreachable or restarting its worker: retry elsewhere.
             Code::Unavailable => (Outcome::Failure, Attempt::Retry(status)),
             // Full: retry elsewhere, but it is healthy.
@@ -552,6 +552,27 @@ impl Stack {
             }
         }
     }
+}
+
+/// A connection that broke or could not be made, as gRPC's own clients
+/// report it: UNAVAILABLE, the message naming the cause. tonic reports it as
+/// UNKNOWN "transport error" with the cause (a refused TLS handshake, a
+/// reset connection) only in the source chain, which callers in other
+/// languages never see.
+fn connection_failed(status: &Status) -> Status {
+    let mut message = status.message().to_string();
+    let mut next = std::error::Error::source(status);
+    // Bounded: error chains are short; a cycle must not hang the caller.
+    for _ in 0..8 {
+        let Some(e) = next else { break };
+        let text = e.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        next = e.source();
+    }
+    Status::unavailable(message)
 }
 
 /// Whether `error` or one of its sources is an `E`.

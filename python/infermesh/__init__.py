@@ -21,8 +21,9 @@ Every error is an :class:`InfermeshError`; see the subclasses below.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -51,6 +52,7 @@ __all__ = [
     "RegistryError",
     "ResourceExhaustedError",
     "ServerError",
+    "TLS",
     "UnavailableError",
 ]
 
@@ -185,6 +187,27 @@ def _nodes(native: Any) -> List[Node]:
     ]
 
 
+@dataclass(frozen=True)
+class TLS:
+    """TLS to the agents whose registry records say they serve it.
+
+    :param ca: PEM file of the CA that signed the agents' certificates (each
+        agent's certificate must name its address as an IP SAN, or its
+        registered host name).
+    :param cert: PEM client certificate, for agents that require one (mTLS).
+    :param key: PEM private key of ``cert``; give both or neither.
+
+    Files are read when the client is built; a missing or unreadable file, a
+    lone ``cert`` or ``key`` or a mismatched pair raise
+    :class:`InvalidArgumentError` there. Nodes that serve plaintext are still
+    reached in plaintext; a node that serves TLS is never reached without it.
+    """
+
+    ca: Union[str, "os.PathLike[str]"]
+    cert: Optional[Union[str, "os.PathLike[str]"]] = None
+    key: Optional[Union[str, "os.PathLike[str]"]] = None
+
+
 class Client:
     """A client of one service of the fleet. Thread-safe; calls from many
     threads share its connections and balancing state.
@@ -196,7 +219,11 @@ class Client:
         reached through shared memory.
     :param deadline: seconds for each call, retries included (default 10).
     :param max_attempts: attempts per call, the first included (default 3).
-    :param tls: reserved for TLS options; only ``None`` is accepted today.
+    :param tls: a :class:`TLS` (CA, and client certificate and key for mTLS)
+        for agents that serve TLS. ``None`` (the default) uses the
+        environment's ``INFERMESH_TLS_CA``, ``INFERMESH_TLS_CERT`` and
+        ``INFERMESH_TLS_KEY`` if set, as the CLI does; without any, nodes that
+        serve TLS are skipped (with a warning in the log).
     """
 
     def __init__(
@@ -206,11 +233,18 @@ class Client:
         local_node: Optional[str] = None,
         deadline: Optional[float] = None,
         max_attempts: Optional[int] = None,
-        tls: None = None,
+        tls: Optional[TLS] = None,
     ) -> None:
+        ca = cert = key = None
         if tls is not None:
-            raise _invalid("tls is not supported yet: pass tls=None")
-        self._native = _native.NativeClient(registry, service, local_node, deadline, max_attempts)
+            if not isinstance(tls, TLS):
+                raise _invalid("tls must be an infermesh.TLS(ca, cert=None, key=None)")
+            if tls.ca is None:
+                raise _invalid("TLS needs the CA file (ca)")
+            ca, cert, key = _path(tls.ca), _path(tls.cert), _path(tls.key)
+        self._native = _native.NativeClient(
+            registry, service, local_node, deadline, max_attempts, ca, cert, key
+        )
 
     def infer(
         self,
@@ -249,6 +283,10 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _path(p: Optional[Union[str, "os.PathLike[str]"]]) -> Optional[str]:
+    return None if p is None else os.fspath(p)
 
 
 def _names(outputs: Optional[Sequence[str]]) -> Optional[List[str]]:

@@ -43,6 +43,9 @@ class NativeClient:
         local_node: Optional[str] = None,
         deadline: Optional[float] = None,
         max_attempts: Optional[int] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
     ) -> None: ...
     def infer(
         self,

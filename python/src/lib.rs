@@ -669,7 +669,8 @@ impl NativeClient {
 #[pymethods]
 impl NativeClient {
     #[new]
-    #[pyo3(signature = (registry, service, local_node=None, deadline=None, max_attempts=None))]
+    #[pyo3(signature = (registry, service, local_node=None, deadline=None, max_attempts=None, tls_ca=None, tls_cert=None, tls_key=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         registry: String,
@@ -677,8 +678,22 @@ impl NativeClient {
         local_node: Option<String>,
         deadline: Option<f64>,
         max_attempts: Option<usize>,
+        tls_ca: Option<std::path::PathBuf>,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let mut builder = Client::builder().registry(registry).service(service);
+        // Without files given, the environment's INFERMESH_TLS_* (as the
+        // client config's `[tls]` and the CLI).
+        let files = infermesh_client::config::RawTls {
+            ca: tls_ca,
+            cert: tls_cert,
+            key: tls_key,
+        }
+        .files();
+        if let Some(tls) = files.load().map_err(|e| invalid(py, e))? {
+            builder = builder.tls(tls);
+        }
         if let Some(node) = local_node {
             builder = builder.local_node(node);
         }

@@ -91,6 +91,8 @@ def test_bad_arguments_raise_before_anything_is_sent() -> None:
         infermesh.Client("static://127.0.0.1:1", max_attempts=0)
     with pytest.raises(infermesh.InvalidArgumentError):
         infermesh.Client("static://127.0.0.1:1", tls={"ca": "x"})  # type: ignore[arg-type]
+    with pytest.raises(infermesh.InvalidArgumentError, match="/nonexistent/ca.pem"):
+        infermesh.Client("static://127.0.0.1:1", tls=infermesh.TLS("/nonexistent/ca.pem"))
     with infermesh.Client("static://127.0.0.1:1") as c:
         with pytest.raises(infermesh.InvalidArgumentError):
             c.infer("", {"X": np.ones(1, np.float32)})

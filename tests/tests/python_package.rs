@@ -20,10 +20,16 @@
 //! - `test_shm.py`: with `local_node`, every call takes shared memory; the
 //!   agent's `infermesh_transport_requests_total{path="shm_passthrough"}`
 //!   counts them (checked here), and an agent called without it counts gRPC.
+//! - `test_tls.py`: an agent in ZooKeeper that requires client certificates
+//!   (mTLS): `tls=infermesh.TLS(ca, cert, key)` and the `INFERMESH_TLS_*`
+//!   environment reach it; without a client certificate the handshake is
+//!   refused; without TLS settings the node is skipped, never sent
+//!   plaintext.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use infermesh_tests::certs::Pki;
 use infermesh_tests::py::{ensure_venv, run};
 use infermesh_tests::zk::Zk;
 use infermesh_tests::{Agent, testworker};
@@ -82,6 +88,14 @@ async fn pytest(files: &[&str], env: &[(&str, String)]) -> String {
         .args(files.iter().map(|f| dir.join(f)))
         .current_dir(&dir)
         .kill_on_drop(true);
+    // The caller's TLS environment would change what the tests see.
+    for k in [
+        "INFERMESH_TLS_CA",
+        "INFERMESH_TLS_CERT",
+        "INFERMESH_TLS_KEY",
+    ] {
+        cmd.env_remove(k);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -205,4 +219,38 @@ async fn python_uses_shared_memory_to_the_local_agent() {
     let m = remote.metrics().await;
     assert_eq!(counter(&m, &path("grpc")), calls, "{m}");
     assert_eq!(counter(&m, &path("shm_passthrough")), 0, "{m}");
+}
+
+#[tokio::test]
+async fn python_reaches_an_mtls_agent_with_its_tls_settings() {
+    let dir = std::env::temp_dir().join(format!("infermesh-pytls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = Pki::new(&dir, "fleet");
+    let ca = pki.ca_file("fleet");
+    let server = pki.server("agent", &["127.0.0.1", "localhost"], 1);
+    let trainer = pki.client("trainer", &["trainer.test"], 2);
+    let zk = Zk::start().await;
+    let _agent = Agent::builder()
+        .config(format!(
+            "node_id = \"tls-a\"\n[registry]\nurl = \"{}\"\nservice = \"pytls\"\n\
+             session_timeout = \"2s\"\n\
+             [tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
+             [[workers]]\ncommand = \"{}\"\n",
+            zk.url("/im"),
+            server.cert.display(),
+            server.key.display(),
+            ca.display(),
+            testworker("--model dense")
+        ))
+        .spawn();
+    let env = [
+        ("INFERMESH_REGISTRY", zk.url("/im")),
+        ("INFERMESH_SERVICE", "pytls".to_string()),
+        ("INFERMESH_NODES", "tls-a".to_string()),
+        ("INFERMESH_TEST_CA", ca.display().to_string()),
+        ("INFERMESH_TEST_CERT", trainer.cert.display().to_string()),
+        ("INFERMESH_TEST_KEY", trainer.key.display().to_string()),
+    ];
+    pytest(&["test_tls.py"], &env).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
