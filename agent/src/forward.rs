@@ -373,7 +373,10 @@ fn upstream_head(
         }
         // gRPC allows at most 8 digits.
         let micros = left.as_micros().min(99_999_999);
-        let value = HeaderValue::from_str(&format!("{micros}u")).expect("ascii");
+        let mut value = HeaderValue::from_str(&format!("{micros}u")).expect("ascii");
+        // Different on every request: never indexed, so that it does not
+        // churn the HPACK table towards the worker (see `trailer.rs`).
+        value.set_sensitive(true);
         out.insert("grpc-timeout", value);
     }
     Ok(head)

@@ -28,12 +28,19 @@ use crate::pool::Pool;
 
 /// Writes `report` into `map` (trailers, or the headers of a trailers-only
 /// response).
+///
+/// The values change with every response, so they are marked sensitive:
+/// HPACK sends them as literals "never indexed" instead of inserting each
+/// into the connection's dynamic table, where they would evict the entries
+/// that do repeat (`content-type`, `grpc-status: 0`) and make every
+/// response re-insert those too.
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     let mut buf = String::with_capacity(16);
     let mut put = |key: &'static str, args: std::fmt::Arguments<'_>| {
         buf.clear();
         let _ = buf.write_fmt(args);
-        if let Ok(v) = HeaderValue::from_str(&buf) {
+        if let Ok(mut v) = HeaderValue::from_str(&buf) {
+            v.set_sensitive(true);
             map.insert(key, v);
         }
     };
@@ -108,7 +115,8 @@ pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
     let len = base64::engine::general_purpose::STANDARD_NO_PAD
         .encode_slice(&buf[..n], &mut text)
         .expect("128 bytes fit in 172 base64 characters");
-    if let Ok(v) = HeaderValue::from_bytes(&text[..len]) {
+    if let Ok(mut v) = HeaderValue::from_bytes(&text[..len]) {
+        v.set_sensitive(true);
         map.insert(ORCA_KEY, v);
     }
 }

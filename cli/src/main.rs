@@ -68,6 +68,12 @@ enum Command {
     WorkerShim(shim::ShimArgs),
 }
 
+/// The agent's hot path allocates small buffers per request (HTTP/2 frames,
+/// header maps); mimalloc serves them faster than glibc's malloc
+/// (BENCHMARKS.md, "Agent hop").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     // Usage errors exit 64 (sysexits' EX_USAGE), not clap's 2; --help and
     // --version print to stdout and exit 0.
