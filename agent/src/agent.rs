@@ -470,7 +470,7 @@ impl Agent {
         if let Some(endpoint) = quic_endpoint {
             requests.spawn(crate::quic::serve(
                 endpoint,
-                front.clone(),
+                oip.infer.clone(),
                 Arc::clone(&pool),
                 quic_limits,
                 port.clone(),

@@ -7,22 +7,30 @@
 //! beyond it new ones are refused), streams per connection
 //! (`limits.max_concurrent_streams`), request size (`max_message_bytes`),
 //! idle connections (`limits.idle_timeout`), and the time to receive a
-//! request (`limits.read_timeout`). Requests are served by the OIP front
-//! ([`Front`]), so admission, queues, metrics and the load report are the
-//! same as on gRPC.
+//! request (`limits.read_timeout`). Requests are served by the OIP port's
+//! pass-through path ([`InferPath`]), so admission, queues, metrics and the
+//! load report are the same as on gRPC, and so are the bytes: the request
+//! frame's header ends in the layout of a gRPC message frame (flag 0, then
+//! the length), so the received buffer is forwarded to the worker from its
+//! fifth byte as it came, and the worker's gRPC response message goes back
+//! as it came, followed by the load report. Nothing is decoded and encoded
+//! again (before, a QUIC request took the decoding path and a 1 MiB tensor
+//! was copied four more times than on gRPC).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
-use infermesh_proto::GrpcInferenceService;
-use infermesh_proto::quic::{Answer, decode_request, encode_response};
+use http_body_util::{BodyExt, Full};
+use infermesh_proto::quic::{Answer, VERSION, encode_report, encode_response};
 use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use crate::front::Front;
+use crate::forward::InferPath;
+use crate::grpc::MODEL_INFER_PATH;
 use crate::pool::Pool;
 use crate::server::Shutdown;
 use crate::tls::ServerTls;
@@ -73,7 +81,7 @@ pub fn bind(
 /// streams; open streams finish) or `shutdown.hard`.
 pub async fn serve(
     endpoint: quinn::Endpoint,
-    front: Front,
+    infer: InferPath,
     pool: Arc<Pool>,
     limits: QuicLimits,
     shutdown: Shutdown,
@@ -93,8 +101,8 @@ pub async fn serve(
             incoming.refuse();
             continue;
         };
-        let (front, pool, shutdown, spawner) = (
-            front.clone(),
+        let (infer, pool, shutdown, spawner) = (
+            infer.clone(),
             Arc::clone(&pool),
             shutdown.clone(),
             tasks.clone(),
@@ -108,7 +116,7 @@ pub async fn serve(
                     return;
                 }
             };
-            connection(conn, front, pool, limits, shutdown, spawner).await;
+            connection(conn, infer, pool, limits, shutdown, spawner).await;
         });
     }
     endpoint.set_server_config(None);
@@ -120,7 +128,7 @@ pub async fn serve(
 
 async fn connection(
     conn: quinn::Connection,
-    front: Front,
+    infer: InferPath,
     pool: Arc<Pool>,
     limits: QuicLimits,
     shutdown: Shutdown,
@@ -139,15 +147,15 @@ async fn connection(
             },
             _ = shutdown.graceful.cancelled() => break,
         };
-        let (front, pool, hard, mine) = (
-            front.clone(),
+        let (infer, pool, hard, mine) = (
+            infer.clone(),
             Arc::clone(&pool),
             shutdown.hard.clone(),
             streams.token(),
         );
         tasks.spawn(async move {
             tokio::select! {
-                _ = stream(front, pool, limits, send, recv) => {}
+                _ = stream(infer, pool, limits, send, recv) => {}
                 _ = hard.cancelled() => {}
             }
             drop(mine);
@@ -164,58 +172,214 @@ async fn connection(
 }
 
 async fn stream(
-    front: Front,
+    infer: InferPath,
     pool: Arc<Pool>,
     limits: QuicLimits,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
-    let frame_limit = limits.max_message_bytes + 9;
-    let read = tokio::time::timeout(limits.read_timeout, recv.read_to_end(frame_limit)).await;
-    let answer = match read {
-        Ok(Ok(bytes)) => match decode_request(bytes.into(), limits.max_message_bytes) {
-            Ok((req, timeout_ms)) => {
-                let mut request = tonic::Request::new(req);
-                if timeout_ms > 0 {
-                    request.set_timeout(Duration::from_millis(timeout_ms.into()));
-                }
-                match front.model_infer(request).await {
-                    Ok(resp) => Answer::Ok(resp.into_inner()),
-                    Err(s) => Answer::Status(s.code() as i32, s.message().to_string()),
-                }
-            }
-            Err(e) => Answer::Status(tonic::Code::InvalidArgument as i32, e.to_string()),
-        },
-        Ok(Err(quinn::ReadToEndError::TooLong)) => Answer::Status(
-            tonic::Code::ResourceExhausted as i32,
+    let read = tokio::time::timeout(
+        limits.read_timeout,
+        read_request(&mut recv, limits.max_message_bytes),
+    )
+    .await;
+    let refused = |code: tonic::Code, message: String| {
+        let mut report = HeaderMap::new();
+        add_report(&pool, &mut report);
+        (Vec::new(), Answer::Status(code as i32, message), report)
+    };
+    let (message, answer, trailers) = match read {
+        Ok(Ok((frame, timeout_ms))) => pass_through(&infer, frame, timeout_ms).await,
+        Ok(Err(ReadError::TooLong(len))) => refused(
+            tonic::Code::ResourceExhausted,
             format!(
-                "request over max_message_bytes ({})",
+                "request of {len} bytes is over max_message_bytes ({})",
                 limits.max_message_bytes
             ),
         ),
-        Ok(Err(e)) => {
+        Ok(Err(ReadError::Malformed(why))) => {
+            refused(tonic::Code::InvalidArgument, format!("QUIC frame: {why}"))
+        }
+        Ok(Err(ReadError::Stream(e))) => {
             tracing::debug!(error = %e, "QUIC request not received");
             return;
         }
-        Err(_) => Answer::Status(
-            tonic::Code::DeadlineExceeded as i32,
+        Err(_) => refused(
+            tonic::Code::DeadlineExceeded,
             "the request did not arrive within read_timeout".into(),
         ),
     };
-    let mut headers = HeaderMap::new();
-    add_report(&pool, &mut headers);
-    let report: Vec<(&str, &[u8])> = headers
+    // The report: the response's trailers but the gRPC status, which the
+    // frame carries itself.
+    let report: Vec<(&str, &[u8])> = trailers
         .iter()
+        .filter(|(n, _)| !n.as_str().starts_with("grpc-"))
         .map(|(n, v)| (n.as_str(), v.as_bytes()))
         .collect();
-    if send
-        .write_all(&encode_response(&answer, &report))
-        .await
-        .is_ok()
-    {
+    let mut chunks = message;
+    match answer {
+        // `message` is the gRPC message frame: the answer's first part.
+        Answer::Ok(_) => chunks.push(encode_report(&report)),
+        status => {
+            chunks.clear();
+            chunks.push(encode_response(&status, &report));
+        }
+    }
+    if send.write_all_chunks(&mut chunks).await.is_ok() {
         let _ = send.finish();
         // Wait until the peer has the bytes (or the stream is gone), so
         // that a closing connection does not cut the response short.
         let _ = send.stopped().await;
+    }
+}
+
+/// Why a request frame could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("request of {0} bytes is over the limit")]
+    TooLong(usize),
+    #[error("{0}")]
+    Malformed(&'static str),
+    #[error(transparent)]
+    Stream(#[from] quinn::ReadError),
+}
+
+/// Reads a request frame into one buffer sized from its header; returns
+/// the gRPC message frame in it (the header's last five bytes rewritten to
+/// flag 0 and the length, which they already are but for the flag) and the
+/// timeout.
+async fn read_request(
+    recv: &mut quinn::RecvStream,
+    max_bytes: usize,
+) -> Result<(Bytes, u32), ReadError> {
+    let mut head = [0u8; 9];
+    recv.read_exact(&mut head).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(_) => {
+            ReadError::Malformed("request shorter than its header")
+        }
+        quinn::ReadExactError::ReadError(e) => ReadError::Stream(e),
+    })?;
+    if head[0] != VERSION {
+        return Err(ReadError::Malformed("unknown version"));
+    }
+    let timeout_ms = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+    let len = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) as usize;
+    if len > max_bytes {
+        return Err(ReadError::TooLong(len));
+    }
+    let mut frame = BytesMut::with_capacity(5 + len);
+    frame.put_u8(0);
+    frame.put_slice(&head[5..9]);
+    while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
+        if frame.len() + chunk.bytes.len() > 5 + len {
+            return Err(ReadError::Malformed("request longer than its header says"));
+        }
+        frame.extend_from_slice(&chunk.bytes);
+    }
+    if frame.len() != 5 + len {
+        return Err(ReadError::Malformed("request shorter than its header says"));
+    }
+    Ok((frame.freeze(), timeout_ms))
+}
+
+/// Serves one request frame on the pass-through path: the response's gRPC
+/// message frame (as chunks, as they came), the answer, and the trailers
+/// (with the load report).
+async fn pass_through(
+    infer: &InferPath,
+    frame: Bytes,
+    timeout_ms: u32,
+) -> (Vec<Bytes>, Answer, HeaderMap) {
+    let mut req = http::Request::post(MODEL_INFER_PATH)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .body(Full::new(frame))
+        .expect("a path and static headers make a request");
+    if timeout_ms > 0 {
+        let value = http::HeaderValue::from_str(&format!("{timeout_ms}m")).expect("digits");
+        req.headers_mut().insert("grpc-timeout", value);
+    }
+    let (head, mut body) = infer.call(req).await.into_parts();
+    let mut message = Vec::new();
+    let mut trailers = None;
+    let internal = |why: String| Answer::Status(tonic::Code::Internal as i32, why);
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => match frame.into_data() {
+                Ok(data) => message.push(data),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            },
+            Err(status) => {
+                let mut report = HeaderMap::new();
+                let _ = status.add_header(&mut report);
+                return (Vec::new(), internal(status.message().to_string()), report);
+            }
+        }
+    }
+    // A trailers-only answer carries its status in the headers.
+    let trailers = trailers.unwrap_or(head.headers);
+    let answer = match tonic::Status::from_header_map(&trailers) {
+        Some(s) if s.code() == tonic::Code::Ok => match check_message(&message) {
+            Ok(()) => Answer::Ok(Default::default()),
+            Err(why) => internal(why.into()),
+        },
+        Some(s) => Answer::Status(s.code() as i32, s.message().to_string()),
+        None => internal("the response ended without a gRPC status".into()),
+    };
+    (message, answer, trailers)
+}
+
+/// That `chunks` hold exactly one uncompressed gRPC message frame.
+fn check_message(chunks: &[Bytes]) -> Result<(), &'static str> {
+    let total: usize = chunks.iter().map(Bytes::len).sum();
+    let mut head = [0u8; 5];
+    let mut at = 0;
+    for c in chunks {
+        let n = (5 - at).min(c.len());
+        head[at..at + n].copy_from_slice(&c[..n]);
+        at += n;
+        if at == 5 {
+            break;
+        }
+    }
+    if at < 5 || head[0] != 0 {
+        return Err("the worker's response is not one uncompressed gRPC message");
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if total != 5 + len {
+        return Err("the worker's response is not one gRPC message");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grpc(message: &[u8]) -> Bytes {
+        let mut f = vec![0u8];
+        f.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        f.extend_from_slice(message);
+        f.into()
+    }
+
+    #[test]
+    fn a_worker_message_passes_only_as_one_uncompressed_frame() {
+        let whole = grpc(b"hello");
+        assert_eq!(check_message(std::slice::from_ref(&whole)), Ok(()));
+        // Split anywhere, even inside the header, it is the same frame.
+        for at in 0..whole.len() {
+            let parts = [whole.slice(..at), whole.slice(at..)];
+            assert_eq!(check_message(&parts), Ok(()), "split at {at}");
+        }
+        assert!(check_message(&[]).is_err(), "no message");
+        assert!(check_message(&[whole.slice(..4)]).is_err(), "cut header");
+        assert!(check_message(&[whole.slice(..7)]).is_err(), "cut message");
+        let mut two = whole.to_vec();
+        two.extend_from_slice(&whole);
+        assert!(check_message(&[two.into()]).is_err(), "two messages");
+        let mut compressed = whole.to_vec();
+        compressed[0] = 1;
+        assert!(check_message(&[compressed.into()]).is_err(), "compressed");
     }
 }

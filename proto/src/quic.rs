@@ -99,6 +99,21 @@ pub fn encode_response(answer: &Answer, report: &[(&str, &[u8])]) -> Bytes {
             out.put_slice(message);
         }
     }
+    put_report(&mut out, report);
+    out.freeze()
+}
+
+/// The load-report part of a response frame alone: what follows an
+/// answer's `0 | len | ModelInferResponse`, which is laid out as a gRPC
+/// message frame, so an agent can send a worker's gRPC response bytes as
+/// they came and this after them.
+pub fn encode_report(report: &[(&str, &[u8])]) -> Bytes {
+    let mut out = BytesMut::new();
+    put_report(&mut out, report);
+    out.freeze()
+}
+
+fn put_report(out: &mut BytesMut, report: &[(&str, &[u8])]) {
     let report: Vec<_> = report
         .iter()
         .filter(|(n, v)| n.len() <= u8::MAX as usize && v.len() <= MAX_REPORT_VALUE)
@@ -111,7 +126,6 @@ pub fn encode_response(answer: &Answer, report: &[(&str, &[u8])]) -> Bytes {
         out.put_u16(value.len() as u16);
         out.put_slice(value);
     }
-    out.freeze()
 }
 
 /// A decoded response frame: the answer and the load report.
@@ -217,5 +231,35 @@ mod tests {
         let frame = encode_response(&Answer::Status(14, "busy".into()), &[]);
         let (answer, _) = decode_response(frame, 4096).unwrap();
         assert!(matches!(answer, Answer::Status(14, m) if m == "busy"));
+    }
+
+    /// An answer is a gRPC message frame (flag 0, length, message) followed
+    /// by the report; the request header's last five bytes can be read as
+    /// one. The agent relies on both to pass messages through.
+    #[test]
+    fn answers_and_requests_hold_grpc_message_frames() {
+        let resp = ModelInferResponse {
+            model_name: "dense".into(),
+            ..Default::default()
+        };
+        let message = resp.encode_to_vec();
+        let mut grpc = vec![0u8];
+        grpc.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        grpc.extend_from_slice(&message);
+        let report: &[(&str, &[u8])] = &[("infermesh-queued", b"0")];
+        let mut joined = grpc.clone();
+        joined.extend_from_slice(&encode_report(report));
+        assert_eq!(encode_response(&Answer::Ok(resp), report), joined);
+
+        let req = ModelInferRequest {
+            model_name: "dense".into(),
+            ..Default::default()
+        };
+        let frame = encode_request(&req, 9);
+        let mut expected = vec![0u8];
+        expected.extend_from_slice(&(req.encoded_len() as u32).to_be_bytes());
+        expected.extend_from_slice(&req.encode_to_vec());
+        assert_eq!(&frame[5..9], &expected[1..5]);
+        assert_eq!(&frame[9..], &expected[5..]);
     }
 }

@@ -98,6 +98,17 @@ async fn requests_take_quic_when_both_ends_offer_it() {
     // The load report came back on QUIC too: the node's stats saw answers.
     let stats = client.node_stats();
     assert_eq!(stats["quic-a"].failures, 0);
+    // An error status comes back on QUIC as the agent answered it.
+    let mut bad = dense::request(&dense::input(1, 1), true);
+    bad.inputs[0].shape = vec![1, 15];
+    match client.infer(bad).await {
+        Err(infermesh_client::ClientError::Status(s)) => {
+            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    let c = client.path_counters();
+    assert_eq!(c.get(Path::Grpc).attempts, 0, "{c:?}");
 }
 
 #[tokio::test]
