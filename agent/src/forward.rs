@@ -373,7 +373,11 @@ fn upstream_head(
         }
         // gRPC allows at most 8 digits.
         let micros = left.as_micros().min(99_999_999);
-        let mut value = HeaderValue::from_str(&format!("{micros}u")).expect("ascii");
+        let mut n = itoa::Buffer::new();
+        let digits = n.format(micros as u64).as_bytes();
+        let mut text = [b'u'; 9];
+        text[..digits.len()].copy_from_slice(digits);
+        let mut value = HeaderValue::from_bytes(&text[..digits.len() + 1]).expect("ascii");
         // Different on every request: never indexed, so that it does not
         // churn the HPACK table towards the worker (see `trailer.rs`).
         value.set_sensitive(true);
@@ -522,5 +526,39 @@ impl Body for ForwardBody {
 
     fn is_end_stream(&self) -> bool {
         self.done.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_gets_the_callers_metadata_and_what_is_left_of_its_deadline() {
+        let upstream = crate::upstream::Upstream::new(
+            "127.0.0.1:9".parse().unwrap(),
+            tokio_util::task::TaskTracker::new(),
+        );
+        let mut caller = HeaderMap::new();
+        caller.insert("grpc-timeout", HeaderValue::from_static("5S"));
+        caller.insert("te", HeaderValue::from_static("trailers"));
+        caller.insert("host", HeaderValue::from_static("agent"));
+        caller.insert("x-request-id", HeaderValue::from_static("abc"));
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        let head = upstream_head(&caller, &upstream, Some(deadline)).unwrap();
+        let h = head.headers();
+        assert_eq!(h["x-request-id"], "abc");
+        assert_eq!(h["te"], "trailers");
+        assert!(h.get("host").is_none(), "hop-by-hop headers stay");
+        let timeout = h["grpc-timeout"].to_str().unwrap();
+        let micros: u64 = timeout.strip_suffix('u').unwrap().parse().unwrap();
+        assert!(micros <= 1_500_000 && micros > 0, "{timeout}");
+        assert!(h["grpc-timeout"].is_sensitive(), "never indexed");
+
+        let head = upstream_head(&caller, &upstream, None).unwrap();
+        assert!(head.headers().get("grpc-timeout").is_none());
+        let past = Instant::now() - Duration::from_millis(1);
+        let err = upstream_head(&caller, &upstream, Some(past)).unwrap_err();
+        assert_eq!(err.code(), Code::DeadlineExceeded);
     }
 }

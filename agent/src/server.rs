@@ -310,6 +310,9 @@ async fn serve_connection<T>(
         }
     };
     let mut ping = conn.ping_pong();
+    // Shared by this connection's requests: one reference count per
+    // request instead of one per field.
+    let oip = Arc::new(oip);
     let opened = Instant::now();
     let mut last_request = Instant::now();
     let mut requests = FuturesUnordered::new();
@@ -321,7 +324,7 @@ async fn serve_connection<T>(
             accepted = conn.accept() => match accepted {
                 Some(Ok((req, respond))) => {
                     last_request = Instant::now();
-                    requests.push(handle(oip.clone(), info.clone(), req, respond, shutdown.hard.clone()));
+                    requests.push(handle(Arc::clone(&oip), info.clone(), req, respond, &shutdown.hard));
                 }
                 Some(Err(e)) => {
                     tracing::debug!(conn = id, error = %e, "connection ended");
@@ -377,11 +380,11 @@ async fn keepalive(ping: &mut Option<h2::PingPong>, at: Instant, timeout: Durati
 
 /// Serves one request on its stream: routes it, sends the response.
 async fn handle(
-    oip: Oip,
+    oip: Arc<Oip>,
     info: ConnInfo,
     req: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
-    hard: CancellationToken,
+    hard: &CancellationToken,
 ) {
     let mut req = req.map(RequestBody);
     req.extensions_mut().insert(info);

@@ -13,13 +13,12 @@
 //! = busy ratio, `rps_fractional` = requests completed per second over the
 //! last 10 s, and `named_metrics` `inflight`, `queued`, `busy`, `weight`.
 
-use std::fmt::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use infermesh_proto::load::{BUSY_KEY, INFLIGHT_KEY, LoadReport, QUEUED_KEY, WEIGHT_KEY};
 
@@ -35,21 +34,39 @@ use crate::pool::Pool;
 /// that do repeat (`content-type`, `grpc-status: 0`) and make every
 /// response re-insert those too.
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
-    let mut buf = String::with_capacity(16);
-    let mut put = |key: &'static str, args: std::fmt::Arguments<'_>| {
-        buf.clear();
-        let _ = buf.write_fmt(args);
-        if let Ok(mut v) = HeaderValue::from_str(&buf) {
+    // Names made once (no parsing per response), numbers formatted with
+    // `itoa` into a stack buffer (no `fmt` machinery).
+    const INFLIGHT: HeaderName = HeaderName::from_static(INFLIGHT_KEY);
+    const QUEUED: HeaderName = HeaderName::from_static(QUEUED_KEY);
+    const BUSY: HeaderName = HeaderName::from_static(BUSY_KEY);
+    const WEIGHT: HeaderName = HeaderName::from_static(WEIGHT_KEY);
+    let mut put = |key: HeaderName, text: &[u8]| {
+        if let Ok(mut v) = HeaderValue::from_bytes(text) {
             v.set_sensitive(true);
             map.insert(key, v);
         }
     };
-    put(INFLIGHT_KEY, format_args!("{}", report.in_flight));
-    put(QUEUED_KEY, format_args!("{}", report.queued));
-    let (whole, thousandths) = milli(report.busy_ratio);
-    put(BUSY_KEY, format_args!("{whole}.{thousandths:03}"));
-    let (whole, thousandths) = milli(report.weight);
-    put(WEIGHT_KEY, format_args!("{whole}.{thousandths:03}"));
+    let mut n = itoa::Buffer::new();
+    put(INFLIGHT, n.format(report.in_flight).as_bytes());
+    put(QUEUED, n.format(report.queued).as_bytes());
+    let mut buf = [0u8; 48];
+    put(BUSY, fixed3(report.busy_ratio, &mut buf));
+    put(WEIGHT, fixed3(report.weight, &mut buf));
+}
+
+/// `x` with three decimals (`12.345`), as `{:.3}` would write it for the
+/// finite, non-negative values of a report; into `buf`.
+fn fixed3(x: f64, buf: &mut [u8; 48]) -> &[u8] {
+    let (whole, thousandths) = milli(x);
+    let mut n = itoa::Buffer::new();
+    let digits = n.format(whole).as_bytes();
+    let len = digits.len();
+    buf[..len].copy_from_slice(digits);
+    buf[len] = b'.';
+    buf[len + 1] = b'0' + (thousandths / 100) as u8;
+    buf[len + 2] = b'0' + (thousandths / 10 % 10) as u8;
+    buf[len + 3] = b'0' + (thousandths % 10) as u8;
+    &buf[..len + 4]
 }
 
 /// `x` (finite, non-negative) rounded to thousandths, as whole and
@@ -117,7 +134,7 @@ pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
         .expect("128 bytes fit in 172 base64 characters");
     if let Ok(mut v) = HeaderValue::from_bytes(&text[..len]) {
         v.set_sensitive(true);
-        map.insert(ORCA_KEY, v);
+        map.insert(HeaderName::from_static(ORCA_KEY), v);
     }
 }
 
@@ -203,10 +220,16 @@ mod tests {
 
     #[test]
     fn fixed_point_formatting_matches_three_decimals() {
-        for x in [0.0, 0.0004, 0.0005, 0.25, 0.9995, 1.0, 2.5, 123.4567] {
+        for x in [
+            0.0, 0.0004, 0.0005, 0.25, 0.9995, 1.0, 2.5, 123.4567, 44370.809, 1e15,
+        ] {
             let (w, t) = milli(x);
             assert_eq!(format!("{w}.{t:03}"), format!("{x:.3}"), "{x}");
+            let mut buf = [0u8; 48];
+            assert_eq!(fixed3(x, &mut buf), format!("{x:.3}").as_bytes(), "{x}");
         }
+        let mut buf = [0u8; 48];
+        assert_eq!(fixed3(f64::INFINITY, &mut buf), b"0.000");
         assert_eq!(milli(f64::NAN), (0, 0));
     }
 
