@@ -309,7 +309,11 @@ async fn serve_connection<T>(
             return;
         }
     };
-    let mut ping = conn.ping_pong();
+    let mut keepalive = Keepalive::new(
+        conn.ping_pong(),
+        limits.keepalive_interval,
+        limits.keepalive_timeout,
+    );
     // Shared by this connection's requests: one reference count per
     // request instead of one per field.
     let oip = Arc::new(oip);
@@ -317,7 +321,6 @@ async fn serve_connection<T>(
     let mut last_request = Instant::now();
     let mut requests = FuturesUnordered::new();
     let mut closing = false;
-    let mut next_ping = Instant::now() + limits.keepalive_interval;
     loop {
         let idle_at = last_request + limits.idle_timeout;
         tokio::select! {
@@ -343,12 +346,9 @@ async fn serve_connection<T>(
                 conn.graceful_shutdown();
                 closing = true;
             }
-            alive = keepalive(&mut ping, next_ping, limits.keepalive_timeout) => {
-                if !alive {
-                    tracing::debug!(conn = id, "peer did not answer a ping; closing");
-                    break;
-                }
-                next_ping = Instant::now() + limits.keepalive_interval;
+            () = std::future::poll_fn(|cx| keepalive.poll_dead(cx)) => {
+                tracing::debug!(conn = id, "peer did not answer a ping; closing");
+                break;
             }
         }
     }
@@ -366,16 +366,65 @@ async fn serve_connection<T>(
 /// the agent hold more than this many dead streams per connection.
 const MAX_PENDING_RESETS: usize = 1024;
 
-/// At `at`, pings the peer; true if it answered within `timeout`.
-async fn keepalive(ping: &mut Option<h2::PingPong>, at: Instant, timeout: Duration) -> bool {
-    let Some(p) = ping.as_mut() else {
-        return std::future::pending().await;
-    };
-    tokio::time::sleep_until(at.into()).await;
-    matches!(
-        tokio::time::timeout(timeout, p.ping(h2::Ping::opaque())).await,
-        Ok(Ok(_))
-    )
+/// Keep-alive pings of one connection, as a state that outlives the turns
+/// of the connection's `select!` loop (whose branches are dropped and made
+/// again on every turn). Before, the wait for a ping's answer was such a
+/// branch: a request finishing while a ping was out dropped it, the next
+/// turn sent a second ping while the first was pending, h2 refused it, and
+/// the agent closed the connection as dead — every busy connection once per
+/// `keepalive_interval`, failing the requests in flight on it
+/// (`hostile_clients::keepalive_pings_do_not_close_a_busy_connection`).
+struct Keepalive {
+    ping: Option<h2::PingPong>,
+    interval: Duration,
+    timeout: Duration,
+    /// A ping is out and its answer is awaited.
+    waiting: bool,
+    /// Fires when the next ping is due, or (waiting) when the answer is late.
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Keepalive {
+    fn new(ping: Option<h2::PingPong>, interval: Duration, timeout: Duration) -> Self {
+        Self {
+            ping,
+            interval,
+            timeout,
+            waiting: false,
+            timer: Box::pin(tokio::time::sleep(interval)),
+        }
+    }
+
+    /// Sends pings when due and takes their answers; ready when the peer is
+    /// dead (no answer within `timeout`, or the connection refused the ping).
+    fn poll_dead(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(ping) = self.ping.as_mut() else {
+            return Poll::Pending;
+        };
+        loop {
+            if self.waiting {
+                match ping.poll_pong(cx) {
+                    Poll::Ready(Ok(_)) => {
+                        self.waiting = false;
+                        let next = tokio::time::Instant::now() + self.interval;
+                        self.timer.as_mut().reset(next);
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Pending => {}
+                }
+            }
+            ready!(self.timer.as_mut().poll(cx));
+            if self.waiting {
+                return Poll::Ready(());
+            }
+            if ping.send_ping(h2::Ping::opaque()).is_err() {
+                return Poll::Ready(());
+            }
+            self.waiting = true;
+            let late = tokio::time::Instant::now() + self.timeout;
+            self.timer.as_mut().reset(late);
+        }
+    }
 }
 
 /// Serves one request on its stream: routes it, sends the response.

@@ -516,3 +516,98 @@ async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
         .await
         .unwrap();
 }
+
+/// Keep-alive pings must not close a busy connection. The agent pings each
+/// client every `keepalive_interval`; before the fix, a request finishing
+/// while a ping was out dropped the wait for its answer, the next turn of
+/// the connection's loop sent another ping while the first was pending,
+/// h2 refused it, and the agent closed the connection as dead — every busy
+/// connection, once per interval (30 s by default), failing the requests in
+/// flight on it. Here: pings every 100 ms, eight callers on one connection
+/// for 3 s; no request may fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_pings_do_not_close_a_busy_connection() {
+    let agent = Agent::builder()
+        .config(format!(
+            "[limits]\nkeepalive_interval = \"100ms\"\nkeepalive_timeout = \"10s\"\n\
+             [[workers]]\ncommand = \"{}\"\n",
+            testworker("")
+        ))
+        .start()
+        .await;
+    // One tonic channel: one HTTP/2 connection for all callers.
+    let client = agent.client().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    let callers: Vec<_> = (0..8)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let input = dense::input(1, i);
+                let (mut ok, mut failed) = (0u32, Vec::new());
+                while tokio::time::Instant::now() < until {
+                    match client.model_infer(dense::request(&input, true)).await {
+                        Ok(_) => ok += 1,
+                        Err(e) => failed.push(e.to_string()),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, Vec::new());
+    for c in callers {
+        let (o, f) = c.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(ok > 0);
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed, e.g. {:?}",
+        failed.len(),
+        ok as usize + failed.len(),
+        failed.first()
+    );
+}
+
+/// And a peer that stops answering pings is closed: a raw HTTP/2 client
+/// that reads frames but never acknowledges a PING sees one, then the
+/// connection end after `keepalive_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_answers_pings_is_disconnected() {
+    let agent = Agent::builder()
+        .config(format!(
+            "[limits]\nkeepalive_interval = \"100ms\"\nkeepalive_timeout = \"300ms\"\n\
+             [[workers]]\ncommand = \"{}\"\n",
+            testworker("")
+        ))
+        .start()
+        .await;
+    let mut tcp = tokio::net::TcpStream::connect(agent.oip).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    tcp.write_all(&h2_frame(0x4, 0, 0, &[])).await.unwrap();
+    let mut pinged = false;
+    let mut acked_settings = false;
+    // Bounded only so that a regression fails instead of hanging.
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match read_h2_frame(&mut tcp).await {
+                Some((0x4, flags, _)) if flags & 0x1 == 0 && !acked_settings => {
+                    tcp.write_all(&h2_frame(0x4, 0x1, 0, &[])).await.unwrap();
+                    acked_settings = true;
+                }
+                Some((0x6, flags, _)) if flags & 0x1 == 0 => pinged = true,
+                Some((0x7, _, _)) | None => return,
+                Some(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the agent kept a peer that never answered a ping"
+    );
+    assert!(pinged, "the agent pinged before closing");
+}
