@@ -4,6 +4,9 @@
 # tensors of 4 KiB, 1 MiB and 16 MiB in and the same out: shared memory vs
 # gRPC inline through the agent, and a plain memcpy of the same size.
 # Usage: scripts/bench-transport.sh [DURATION]   (default 5s per run)
+#        SIZES="1024 4096 16384 65536" scripts/bench-transport.sh 3s   (other sizes)
+# `--transport shm` sends every request through shared memory, however small
+# (the library's default sends requests under 32 KiB inline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-5s}
@@ -17,7 +20,7 @@ oip=$(port); admin=$(port)
 agent=$!
 trap 'kill -TERM $agent 2>/dev/null; wait $agent 2>/dev/null' EXIT
 printf '%-5s %9s %9s %11s %9s %9s %12s %8s\n' path size req/s 'MiB/s in' 'p50 ms' 'p99 ms' 'memcpy MiB/s' fallback
-for size in 4096 1048576 16777216; do
+for size in ${SIZES:-4096 1048576 16777216}; do
   for t in shm grpc; do
     "$bin/infermesh" bench --target "127.0.0.1:$oip" --model identity --transport "$t" \
       --size-bytes "$size" --duration "$duration" --warmup 1s --wait-ready 60s --json 2>/dev/null | tail -1 |

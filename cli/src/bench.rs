@@ -115,6 +115,8 @@ impl TransportArg {
         };
         infermesh_client::PathsConfig {
             prefer,
+            // Chosen explicitly: every request takes it, however small.
+            shm_min_bytes: 0,
             ..Default::default()
         }
     }

@@ -37,6 +37,12 @@ pub const DEFAULT_BUDGET_RATIO: f64 = 0.2;
 pub const DEFAULT_BUDGET_PER_SEC: f64 = 10.0;
 /// Shared-memory pool a client registers with a same-host agent.
 pub const DEFAULT_SHM_POOL_BYTES: u64 = 256 << 20;
+/// Requests whose raw input tensors total fewer bytes go inline even to the
+/// local node:
+/// below about 32 KiB a shared-memory region costs more than the copy it
+/// saves (BENCHMARKS.md, "Tensor transports": inline is 25% faster at
+/// 1 KiB, 6% at 16 KiB; shared memory 4–22% faster at 64 KiB).
+pub const DEFAULT_SHM_MIN_BYTES: usize = 32 << 10;
 /// How long a broken transport stays broken before it is tried again.
 pub const DEFAULT_REPROBE_AFTER: Duration = Duration::from_secs(30);
 /// A pool smaller than this could not hold a useful batch.
@@ -165,6 +171,8 @@ pub struct RawTransport {
     pub prefer: Option<Vec<String>>,
     /// Bytes of the shared-memory pool registered with a same-host agent.
     pub shm_pool_bytes: Option<u64>,
+    /// Smallest request (raw input bytes) sent through shared memory.
+    pub shm_min_bytes: Option<usize>,
     /// How long a path that failed for a peer is skipped before a retry.
     #[serde(default, with = "humantime_serde")]
     pub reprobe_after: Option<Duration>,
@@ -247,6 +255,9 @@ pub struct TransportConfig {
     pub prefer: Vec<TransportKind>,
     /// Bytes of the shared-memory pool registered with a same-host agent.
     pub shm_pool_bytes: u64,
+    /// Smallest request (raw input bytes) sent through shared memory;
+    /// smaller ones go inline.
+    pub shm_min_bytes: usize,
     /// How long a path that failed for a peer is skipped before it is
     /// probed again.
     pub reprobe_after: Duration,
@@ -257,6 +268,7 @@ impl Default for TransportConfig {
         TransportConfig {
             prefer: vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Grpc],
             shm_pool_bytes: DEFAULT_SHM_POOL_BYTES,
+            shm_min_bytes: DEFAULT_SHM_MIN_BYTES,
             reprobe_after: DEFAULT_REPROBE_AFTER,
         }
     }
@@ -380,6 +392,7 @@ impl ClientConfig {
         builder.transports(crate::PathsConfig {
             prefer,
             shm_pool_bytes: self.transport.shm_pool_bytes,
+            shm_min_bytes: self.transport.shm_min_bytes,
             reprobe_after: self.transport.reprobe_after,
             tls: self.tls.clone(),
             ..Default::default()
@@ -504,6 +517,7 @@ fn transport_config(raw: &RawTransport, problems: &mut Vec<String>) -> Transport
     TransportConfig {
         prefer,
         shm_pool_bytes,
+        shm_min_bytes: raw.shm_min_bytes.unwrap_or(d.shm_min_bytes),
         reprobe_after,
     }
 }
@@ -547,6 +561,7 @@ mod tests {
             [TransportKind::Shm, TransportKind::Rdma, TransportKind::Grpc]
         );
         assert_eq!(cfg.transport.shm_pool_bytes, 256 * 1024 * 1024);
+        assert_eq!(cfg.transport.shm_min_bytes, 32 * 1024);
         assert_eq!(cfg.transport.reprobe_after, Duration::from_secs(30));
     }
 

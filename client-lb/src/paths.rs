@@ -45,7 +45,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Response, Status};
 
 use crate::balancer::NodeId;
-use crate::config::{DEFAULT_REPROBE_AFTER, DEFAULT_SHM_POOL_BYTES};
+use crate::config::{DEFAULT_REPROBE_AFTER, DEFAULT_SHM_MIN_BYTES, DEFAULT_SHM_POOL_BYTES};
 use crate::rdma_path::{RdmaPath, RdmaPathError};
 
 /// A boxed, sendable future: what [`Transport::call`] returns, so that the
@@ -59,6 +59,9 @@ pub struct PathsConfig {
     pub prefer: Vec<Path>,
     /// Bytes of shared memory the client may hold in its pool.
     pub shm_pool_bytes: u64,
+    /// Requests whose raw input tensors total fewer bytes go inline even to
+    /// the local node ([`DEFAULT_SHM_MIN_BYTES`]; 0 = every request).
+    pub shm_min_bytes: usize,
     /// First wait before a broken path is tried again.
     pub reprobe_after: Duration,
     /// The RDMA engine (`RdmaEngine::probe()` on a host with a verbs device,
@@ -77,6 +80,7 @@ impl Default for PathsConfig {
         Self {
             prefer: vec![Path::Shm, Path::Rdma, Path::Grpc],
             shm_pool_bytes: DEFAULT_SHM_POOL_BYTES,
+            shm_min_bytes: DEFAULT_SHM_MIN_BYTES,
             reprobe_after: DEFAULT_REPROBE_AFTER,
             shm_dir: None,
             rdma: None,
@@ -198,6 +202,13 @@ pub trait Transport: Send + Sync {
     /// local node, RDMA only a node that advertises it).
     fn reaches(&self, peer: &Peer) -> bool;
 
+    /// Whether `req` is worth this path (a request too small for shared
+    /// memory is not); one that is not goes down the ladder without
+    /// counting as an attempt here.
+    fn suits(&self, _req: &ModelInferRequest) -> bool {
+        true
+    }
+
     /// Sends `req` to `peer`; `timeout` is the attempt's time left (sent to
     /// the node as the gRPC deadline; the caller enforces it too).
     fn call<'a>(
@@ -250,12 +261,15 @@ impl Transport for GrpcRung {
 /// Shared memory with an agent on this host.
 pub struct ShmRung {
     pool: ShmPool,
+    /// Smaller requests go inline.
+    min_bytes: usize,
     per_node: Mutex<HashMap<NodeId, ShmTransport>>,
 }
 
 impl ShmRung {
-    /// A pool of `pool_bytes` in `dir` (`/dev/shm` when `None`).
-    pub fn new(pool_bytes: u64, dir: Option<std::path::PathBuf>) -> Self {
+    /// A pool of `pool_bytes` in `dir` (`/dev/shm` when `None`), used for
+    /// requests of at least `min_bytes`.
+    pub fn new(pool_bytes: u64, min_bytes: usize, dir: Option<std::path::PathBuf>) -> Self {
         let mut config = PoolConfig {
             max_total_bytes: pool_bytes,
             ..PoolConfig::default()
@@ -265,6 +279,7 @@ impl ShmRung {
         }
         ShmRung {
             pool: ShmPool::new(config),
+            min_bytes,
             per_node: Mutex::new(HashMap::new()),
         }
     }
@@ -286,6 +301,12 @@ impl Transport for ShmRung {
 
     fn reaches(&self, peer: &Peer) -> bool {
         peer.local
+    }
+
+    fn suits(&self, req: &ModelInferRequest) -> bool {
+        // Only raw tensors travel in a region (see `ShmTransport::stage`).
+        let tensor_bytes: usize = req.raw_input_contents.iter().map(|b| b.len()).sum();
+        tensor_bytes >= self.min_bytes
     }
 
     fn call<'a>(
@@ -403,6 +424,7 @@ impl Fallback {
             match path {
                 Path::Shm => rungs.push(Box::new(ShmRung::new(
                     config.shm_pool_bytes,
+                    config.shm_min_bytes,
                     config.shm_dir.clone(),
                 ))),
                 Path::Rdma => {
@@ -477,7 +499,7 @@ impl Transport for Fallback {
             let mut advertised = [Path::Grpc; Path::ALL.len()];
             let mut n = 0;
             for rung in &self.rungs {
-                if n < advertised.len() && rung.reaches(peer) {
+                if n < advertised.len() && rung.reaches(peer) && rung.suits(req) {
                     advertised[n] = rung.path();
                     n += 1;
                 }
@@ -491,7 +513,7 @@ impl Transport for Fallback {
                 let next_down = || {
                     self.rungs[index + 1..]
                         .iter()
-                        .find(|r| r.reaches(peer))
+                        .find(|r| r.reaches(peer) && r.suits(req))
                         .map_or(Path::Grpc, |r| r.path())
                 };
                 match rung.call(peer, req, timeout).await {

@@ -26,7 +26,10 @@ async fn an_invalid_request_on_shm_fails_alone_and_keeps_the_path() {
     let client = Client::builder()
         .registry(format!("static://{}", agent.oip))
         .local_node(agent.oip.to_string())
-        .transports(PathsConfig::default())
+        .transports(PathsConfig {
+            shm_min_bytes: 0,
+            ..Default::default()
+        })
         .build()
         .await
         .unwrap();

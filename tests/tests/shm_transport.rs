@@ -27,7 +27,13 @@ fn string(v: &str) -> InferParameter {
     }
 }
 
+/// A client with `agent` as its local node; every request may take shared
+/// memory, however small (the tests use small tensors).
 async fn local_client(agent: &Agent, paths: PathsConfig) -> Client {
+    let paths = PathsConfig {
+        shm_min_bytes: 0,
+        ..paths
+    };
     Client::builder()
         .registry(format!("static://{}", agent.oip))
         .local_node(agent.oip.to_string())
@@ -62,6 +68,31 @@ async fn the_client_library_uses_shared_memory_for_the_local_node() {
     let shm = client.path_counters().get(Path::Shm);
     assert_eq!((shm.attempts, shm.successes, shm.fallbacks), (20, 20, 0));
     assert_eq!(client.path_counters().get(Path::Grpc).attempts, 0);
+}
+
+/// With the library's defaults, requests whose tensors are under
+/// `shm_min_bytes` (32 KiB) go inline even to the local node — a region
+/// costs more than it saves there — and larger ones take shared memory.
+#[tokio::test]
+async fn small_requests_go_inline_and_large_ones_through_shared_memory() {
+    let agent = Agent::builder().worker(testworker("")).start().await;
+    let client = Client::builder()
+        .registry(format!("static://{}", agent.oip))
+        .local_node(agent.oip.to_string())
+        .build()
+        .await
+        .unwrap();
+    // 1 row = 64 bytes; 1,024 rows = 64 KiB.
+    for rows in [1, 1024] {
+        let (input, req) = dense_request(rows, rows as u32);
+        let resp = client.infer(req).await.unwrap();
+        assert_eq!(dense::output(&resp).0, dense::forward(&input));
+    }
+    let c = client.path_counters();
+    let (shm, grpc) = (c.get(Path::Shm), c.get(Path::Grpc));
+    assert_eq!((shm.attempts, shm.successes), (1, 1), "{c:?}");
+    assert_eq!((grpc.attempts, grpc.successes), (1, 1), "{c:?}");
+    assert_eq!(shm.fallbacks, 0, "{c:?}");
 }
 
 /// Outputs not listed in the request come back inline, in the one response
