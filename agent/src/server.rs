@@ -591,3 +591,79 @@ impl Oip {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server-side HTTP/2 connection over an in-memory pipe, its
+    /// keep-alive, and the client's end (`answer`: whether the client's
+    /// connection task runs, which answers pings).
+    async fn pair(
+        interval: Duration,
+        timeout: Duration,
+        answer: bool,
+    ) -> (
+        h2::server::Connection<tokio::io::DuplexStream, Bytes>,
+        Keepalive,
+    ) {
+        let (a, b) = tokio::io::duplex(64 << 10);
+        tokio::spawn(async move {
+            let (_send, conn) = h2::client::handshake(b).await.unwrap();
+            if answer {
+                let _ = conn.await;
+            } else {
+                // Holds the connection open without ever reading again.
+                std::future::pending::<()>().await;
+            }
+        });
+        let mut server = h2::server::handshake(a).await.unwrap();
+        let keepalive = Keepalive::new(server.ping_pong(), interval, timeout);
+        (server, keepalive)
+    }
+
+    /// A connection loop whose turns come every millisecond (as on a busy
+    /// connection) keeps a peer that answers its pings for ten intervals.
+    /// The earlier keep-alive (an awaiting branch of the loop) fails this:
+    /// it took the peer for dead at the first ping.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_loop_keeps_a_peer_that_answers_pings() {
+        let (mut conn, mut keepalive) =
+            pair(Duration::from_secs(30), Duration::from_secs(20), true).await;
+        let end = tokio::time::Instant::now() + Duration::from_secs(300);
+        loop {
+            tokio::select! {
+                _ = conn.accept() => panic!("the client opened nothing"),
+                () = std::future::poll_fn(|cx| keepalive.poll_dead(cx)) => {
+                    panic!("a live peer was taken for dead")
+                }
+                // Another branch winning every turn, as requests do.
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+            if tokio::time::Instant::now() >= end {
+                break;
+            }
+        }
+    }
+
+    /// A peer that never answers is found dead one interval plus one
+    /// timeout after the connection started, on a busy loop too.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_does_not_answer_is_found_dead_after_the_timeout() {
+        let (mut conn, mut keepalive) =
+            pair(Duration::from_secs(30), Duration::from_secs(20), false).await;
+        let started = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = conn.accept() => {}
+                () = std::future::poll_fn(|cx| keepalive.poll_dead(cx)) => break,
+                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+            }
+        }
+        assert_eq!(
+            started.elapsed().as_secs(),
+            50,
+            "dead after interval + timeout"
+        );
+    }
+}
