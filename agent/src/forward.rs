@@ -332,7 +332,8 @@ impl InferPath {
     }
 }
 
-fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
+/// Fills `out` with the first bytes of `chunks` (as many as there are).
+pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     let mut at = 0;
     for c in chunks {
         let n = (out.len() - at).min(c.len());

@@ -24,13 +24,15 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body_util::{BodyExt, Full};
-use infermesh_proto::quic::{Answer, VERSION, encode_report, encode_response};
+use infermesh_proto::quic::{
+    Answer, FrameError, REQUEST_HEADER, encode_report, encode_response, request_header,
+};
 use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use crate::forward::InferPath;
-use crate::grpc::MODEL_INFER_PATH;
+use crate::forward::{InferPath, copy_prefix};
+use crate::grpc::{FRAME_HEADER, MODEL_INFER_PATH, frame_header};
 use crate::pool::Pool;
 use crate::server::Shutdown;
 use crate::tls::ServerTls;
@@ -186,9 +188,9 @@ async fn stream(
     let refused = |code: tonic::Code, message: String| {
         let mut report = HeaderMap::new();
         add_report(&pool, &mut report);
-        (Vec::new(), Answer::Status(code as i32, message), report)
+        (Err(Answer::Status(code as i32, message)), report)
     };
-    let (message, answer, trailers) = match read {
+    let (reply, trailers) = match read {
         Ok(Ok((frame, timeout_ms))) => pass_through(&infer, frame, timeout_ms).await,
         Ok(Err(ReadError::TooLong(len))) => refused(
             tonic::Code::ResourceExhausted,
@@ -216,15 +218,14 @@ async fn stream(
         .filter(|(n, _)| !n.as_str().starts_with("grpc-"))
         .map(|(n, v)| (n.as_str(), v.as_bytes()))
         .collect();
-    let mut chunks = message;
-    match answer {
-        // `message` is the gRPC message frame: the answer's first part.
-        Answer::Ok(_) => chunks.push(encode_report(&report)),
-        status => {
-            chunks.clear();
-            chunks.push(encode_response(&status, &report));
+    let mut chunks = match reply {
+        // The gRPC message frame is the answer's first part.
+        Ok(mut message) => {
+            message.push(encode_report(&report));
+            message
         }
-    }
+        Err(status) => vec![encode_response(&status, &report)],
+    };
     if send.write_all_chunks(&mut chunks).await.is_ok() {
         let _ = send.finish();
         // Wait until the peer has the bytes (or the stream is gone), so
@@ -239,7 +240,7 @@ enum ReadError {
     #[error("request of {0} bytes is over the limit")]
     TooLong(usize),
     #[error("{0}")]
-    Malformed(&'static str),
+    Malformed(String),
     #[error(transparent)]
     Stream(#[from] quinn::ReadError),
 }
@@ -252,18 +253,15 @@ async fn read_request(
     recv: &mut quinn::RecvStream,
     max_bytes: usize,
 ) -> Result<(Bytes, u32), ReadError> {
-    let mut head = [0u8; 9];
+    let mut head = [0u8; REQUEST_HEADER];
     recv.read_exact(&mut head).await.map_err(|e| match e {
         quinn::ReadExactError::FinishedEarly(_) => {
-            ReadError::Malformed("request shorter than its header")
+            ReadError::Malformed("request shorter than its header".into())
         }
         quinn::ReadExactError::ReadError(e) => ReadError::Stream(e),
     })?;
-    if head[0] != VERSION {
-        return Err(ReadError::Malformed("unknown version"));
-    }
-    let timeout_ms = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
-    let len = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) as usize;
+    let (timeout_ms, len) =
+        request_header(&head).map_err(|FrameError(why)| ReadError::Malformed(why))?;
     if len > max_bytes {
         return Err(ReadError::TooLong(len));
     }
@@ -272,24 +270,28 @@ async fn read_request(
     frame.put_slice(&head[5..9]);
     while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
         if frame.len() + chunk.bytes.len() > 5 + len {
-            return Err(ReadError::Malformed("request longer than its header says"));
+            return Err(ReadError::Malformed(
+                "request longer than its header says".into(),
+            ));
         }
         frame.extend_from_slice(&chunk.bytes);
     }
     if frame.len() != 5 + len {
-        return Err(ReadError::Malformed("request shorter than its header says"));
+        return Err(ReadError::Malformed(
+            "request shorter than its header says".into(),
+        ));
     }
     Ok((frame.freeze(), timeout_ms))
 }
 
 /// Serves one request frame on the pass-through path: the response's gRPC
-/// message frame (as chunks, as they came), the answer, and the trailers
-/// (with the load report).
+/// message frame (as chunks, as they came) or the status that ended it, and
+/// the trailers (with the load report).
 async fn pass_through(
     infer: &InferPath,
     frame: Bytes,
     timeout_ms: u32,
-) -> (Vec<Bytes>, Answer, HeaderMap) {
+) -> (Result<Vec<Bytes>, Answer>, HeaderMap) {
     let mut req = http::Request::post(MODEL_INFER_PATH)
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
@@ -312,41 +314,36 @@ async fn pass_through(
             Err(status) => {
                 let mut report = HeaderMap::new();
                 let _ = status.add_header(&mut report);
-                return (Vec::new(), internal(status.message().to_string()), report);
+                return (Err(internal(status.message().to_string())), report);
             }
         }
     }
     // A trailers-only answer carries its status in the headers.
     let trailers = trailers.unwrap_or(head.headers);
-    let answer = match tonic::Status::from_header_map(&trailers) {
+    let reply = match tonic::Status::from_header_map(&trailers) {
         Some(s) if s.code() == tonic::Code::Ok => match check_message(&message) {
-            Ok(()) => Answer::Ok(Default::default()),
-            Err(why) => internal(why.into()),
+            Ok(()) => Ok(message),
+            Err(why) => Err(internal(why.into())),
         },
-        Some(s) => Answer::Status(s.code() as i32, s.message().to_string()),
-        None => internal("the response ended without a gRPC status".into()),
+        Some(s) => Err(Answer::Status(s.code() as i32, s.message().to_string())),
+        None => Err(internal("the response ended without a gRPC status".into())),
     };
-    (message, answer, trailers)
+    (reply, trailers)
 }
 
 /// That `chunks` hold exactly one uncompressed gRPC message frame.
 fn check_message(chunks: &[Bytes]) -> Result<(), &'static str> {
     let total: usize = chunks.iter().map(Bytes::len).sum();
-    let mut head = [0u8; 5];
-    let mut at = 0;
-    for c in chunks {
-        let n = (5 - at).min(c.len());
-        head[at..at + n].copy_from_slice(&c[..n]);
-        at += n;
-        if at == 5 {
-            break;
-        }
-    }
-    if at < 5 || head[0] != 0 {
+    let mut head = [0u8; FRAME_HEADER];
+    if total < FRAME_HEADER {
         return Err("the worker's response is not one uncompressed gRPC message");
     }
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if total != 5 + len {
+    copy_prefix(chunks, &mut head);
+    let (compressed, len) = frame_header(&head);
+    if compressed {
+        return Err("the worker's response is not one uncompressed gRPC message");
+    }
+    if total != FRAME_HEADER + len {
         return Err("the worker's response is not one gRPC message");
     }
     Ok(())

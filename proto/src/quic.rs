@@ -47,19 +47,32 @@ pub fn encode_request(req: &ModelInferRequest, timeout_ms: u32) -> Bytes {
     out.freeze()
 }
 
+/// Bytes of a request frame's header.
+pub const REQUEST_HEADER: usize = 9;
+
+/// A request frame's header: `(timeout_ms, len)` of the protobuf that
+/// follows. Its last five bytes are laid out as a gRPC message frame's
+/// header but for the first (the timeout's low byte, where gRPC has the
+/// compressed flag).
+pub fn request_header(head: &[u8; REQUEST_HEADER]) -> Result<(u32, usize), FrameError> {
+    if head[0] != VERSION {
+        return err("unknown version");
+    }
+    let timeout_ms = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+    let len = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) as usize;
+    Ok((timeout_ms, len))
+}
+
 /// Decodes a request frame of at most `max_bytes` of protobuf.
 pub fn decode_request(
     mut buf: Bytes,
     max_bytes: usize,
 ) -> Result<(ModelInferRequest, u32), FrameError> {
-    if buf.remaining() < 9 {
+    let Some(head) = buf.get(..REQUEST_HEADER) else {
         return err("request shorter than its header");
-    }
-    if buf.get_u8() != VERSION {
-        return err("unknown version");
-    }
-    let timeout_ms = buf.get_u32();
-    let len = buf.get_u32() as usize;
+    };
+    let (timeout_ms, len) = request_header(head.try_into().expect("sliced to size"))?;
+    buf.advance(REQUEST_HEADER);
     if len > max_bytes {
         return err(format!("request of {len} bytes is over {max_bytes}"));
     }
