@@ -561,32 +561,27 @@ impl Stack {
 /// languages never see.
 fn connection_failed(status: &Status) -> Status {
     let mut message = status.message().to_string();
-    let mut next = std::error::Error::source(status);
-    // Bounded: error chains are short; a cycle must not hang the caller.
-    for _ in 0..8 {
-        let Some(e) = next else { break };
+    for e in chain(std::error::Error::source(status)).take(8) {
         let text = e.to_string();
         if !message.contains(&text) {
             message.push_str(": ");
             message.push_str(&text);
         }
-        next = e.source();
     }
     Status::unavailable(message)
 }
 
 /// Whether `error` or one of its sources is an `E`.
 fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    // Bounded: error chains are short; a cycle must not hang the caller.
-    for _ in 0..16 {
-        match next {
-            Some(e) if e.is::<E>() => return true,
-            Some(e) => next = e.source(),
-            None => return false,
-        }
-    }
-    false
+    chain(Some(error)).any(|e| e.is::<E>())
+}
+
+/// `first` and its sources, at most 16: error chains are short, and a cycle
+/// must not hang the caller.
+fn chain<'a>(
+    first: Option<&'a (dyn std::error::Error + 'static)>,
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(first, |e| e.source()).take(16)
 }
 
 /// What discovery says about a node, for the balancer.
