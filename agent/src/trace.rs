@@ -133,16 +133,27 @@ mod tests {
     const CALLER_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
     const CALLER_SPAN: &str = "b7ad6b7169203331";
 
-    /// Extraction, the span's parent, the header to the worker and the
-    /// exported span, against an in-memory exporter.
-    #[test]
-    fn the_request_span_is_a_child_of_the_callers_and_the_workers_parent() {
+    /// A subscriber exporting finished spans to the returned exporter (the
+    /// provider must stay alive while spans finish: dropped, it shuts down).
+    fn recording() -> (
+        InMemorySpanExporter,
+        SdkTracerProvider,
+        impl tracing::Subscriber + Send + Sync,
+    ) {
         let exporter = InMemorySpanExporter::default();
         let provider = SdkTracerProvider::builder()
             .with_simple_exporter(exporter.clone())
             .build();
         let subscriber = tracing_subscriber::registry()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        (exporter, provider, subscriber)
+    }
+
+    /// Extraction, the span's parent, the header to the worker and the
+    /// exported span, against an in-memory exporter.
+    #[test]
+    fn the_request_span_is_a_child_of_the_callers_and_the_workers_parent() {
+        let (exporter, _provider, subscriber) = recording();
         ENABLED.store(true, Ordering::Relaxed);
         let to_worker = tracing::subscriber::with_default(subscriber, || {
             let mut headers = HeaderMap::new();
@@ -185,12 +196,7 @@ mod tests {
         // A malformed header is ignored: a root span.
         let mut bad = HeaderMap::new();
         bad.insert(TRACEPARENT, HeaderValue::from_static("00-zz-yy-01"));
-        let exporter2 = InMemorySpanExporter::default();
-        let provider2 = SdkTracerProvider::builder()
-            .with_simple_exporter(exporter2.clone())
-            .build();
-        let subscriber2 = tracing_subscriber::registry()
-            .with(tracing_opentelemetry::layer().with_tracer(provider2.tracer("test")));
+        let (exporter2, _provider2, subscriber2) = recording();
         tracing::subscriber::with_default(subscriber2, || drop(request_span(&bad)));
         let spans = exporter2.get_finished_spans().unwrap();
         assert_eq!(spans.len(), 1);
