@@ -9,14 +9,7 @@ import sys
 import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
-
-
-def expected(x: np.ndarray) -> np.ndarray:
-    i = np.arange(16)[:, None]
-    j = np.arange(4)[None, :]
-    w = (((i * 4 + j) * 37) % 29).astype(np.float32) / np.float32(14) - np.float32(1)
-    b = (np.arange(4, dtype=np.float32) - np.float32(1.5)) / np.float32(10)
-    return np.tanh(x @ w / np.float32(4) + b)
+from dense import expected
 
 
 client = httpclient.InferenceServerClient(url=sys.argv[1])

@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from triton_interop import expected
+from dense import expected
 
 
 def main(url: str) -> None:

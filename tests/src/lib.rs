@@ -92,6 +92,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A plaintext HTTP/1.0 GET of `path` at `addr`; the whole response.
+pub async fn http_get(addr: impl tokio::net::ToSocketAddrs, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
 /// Polls `check` until it returns `Some`, failing the test after [`PATIENCE`].
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where

@@ -13,7 +13,7 @@ use infermesh_proto::inference::model_infer_request::InferRequestedOutputTensor;
 use infermesh_proto::inference::{
     InferParameter, ModelInferRequest, ModelStreamInferResponse, SystemSharedMemoryRegisterRequest,
 };
-use infermesh_tests::{Agent, dense, eventually, testworker};
+use infermesh_tests::{Agent, dense, eventually, http_get, testworker};
 use infermesh_transport::ShmRegion;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
@@ -160,16 +160,6 @@ async fn streams_pass_shared_memory_through_only_for_its_owner() {
 #[tokio::test]
 async fn streams_copy_shared_memory_only_for_its_owner() {
     streams_use_only_their_own_connections_regions("--no-shm").await;
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 /// Finding 8: unknown admin paths answered 200 (a mistyped probe passed);

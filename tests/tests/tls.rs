@@ -20,7 +20,7 @@ use infermesh_proto::registry::NodeState;
 use infermesh_proto::tls::{ClientTls, TlsConnector};
 use infermesh_tests::certs::{Issued, Pki};
 use infermesh_tests::zk::Zk;
-use infermesh_tests::{Agent, Load, bin, dense, eventually, free_port, testworker};
+use infermesh_tests::{Agent, Load, bin, dense, eventually, free_port, http_get, testworker};
 use serde_json::Value;
 use tonic::transport::Channel;
 
@@ -223,18 +223,6 @@ async fn mtls_refuses_plaintext_anonymous_unlisted_and_untrusting_clients() {
     })
     .await;
     assert!(err.contains("NotValidForName"), "{err}");
-}
-
-/// A plaintext HTTP/1.0 GET; the whole response.
-async fn http_get(addr: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 #[tokio::test]
