@@ -180,10 +180,13 @@ impl InferPath {
         if crate::shm::uses_shm(&req) || crate::rdma::uses_rdma(&req) {
             drop(permit);
             let owner = parts.extensions.get::<ConnInfo>().map_or(0, |c| c.id);
-            let (resp, path) = self
-                .front
-                .infer_decoded(owner, deadline, &mut req, id, &meta)
-                .await?;
+            // Boxed: this path's future is large, and the plain path's
+            // future (moved into place on every request) would be as large.
+            let (resp, path) = Box::pin(
+                self.front
+                    .infer_decoded(owner, deadline, &mut req, id, &meta),
+            )
+            .await?;
             self.metrics.transport(path);
             drop(ticket);
             metrics.request(Code::Ok, started.elapsed());

@@ -558,9 +558,11 @@ impl Oip {
     pub async fn route(&self, req: Request<RequestBody>) -> Response<FrontBody> {
         match req.uri().path() {
             MODEL_INFER_PATH => self.infer.call(req).await,
-            MODEL_STREAM_INFER_PATH => self.tonic(self.streams.clone(), req).await,
+            // Boxed: the other paths' futures are large, and every request's
+            // future is as large as its largest path (moved on every request).
+            MODEL_STREAM_INFER_PATH => Box::pin(self.tonic(self.streams.clone(), req)).await,
             _ => {
-                let call = self.tonic(self.calls.clone(), req);
+                let call = Box::pin(self.tonic(self.calls.clone(), req));
                 match tokio::time::timeout(self.call_timeout, call).await {
                     Ok(resp) => resp,
                     Err(_) => status_response(

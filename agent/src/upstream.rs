@@ -88,12 +88,14 @@ impl Upstream {
     ) -> Result<ResponseFuture, UpstreamError> {
         let (generation, sender) = match self.cached() {
             Some(c) => c,
-            None => self.connect(None).await?,
+            // Boxed (here and below): connecting is rare and its future
+            // large; every request's future would carry its size.
+            None => Box::pin(self.connect(None)).await?,
         };
         let mut sender = match sender.ready().await {
             Ok(s) => s,
             Err(_) => {
-                let (_, s) = self.connect(Some(generation)).await?;
+                let (_, s) = Box::pin(self.connect(Some(generation))).await?;
                 s.ready().await?
             }
         };
