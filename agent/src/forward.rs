@@ -23,7 +23,6 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use h2::RecvStream;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -198,7 +197,7 @@ impl InferPath {
         crate::trace::record("worker", &lease.worker().id());
         self.metrics.transport(TransportPath::Grpc);
         let process = Arc::clone(lease.process());
-        let head = upstream_head(&parts.headers, &process.upstream, deadline)?;
+        let headers = upstream_head(&parts.headers, deadline)?;
         let unreachable = |e: &dyn std::fmt::Display| -> Status {
             AgentError::WorkerUnreachable {
                 worker: lease.worker().id().to_string(),
@@ -206,28 +205,33 @@ impl InferPath {
             }
             .into()
         };
-        let response = process
-            .upstream
-            .send(head, frame)
-            .await
-            .map_err(|e| unreachable(&e))?;
-        let response = match deadline {
-            Some(d) => tokio::time::timeout_at(d.into(), response)
+        let exchange = process.upstream.call(&headers, frame);
+        let (exchange, head) = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), exchange)
                 .await
                 .map_err(|_| {
                     Status::deadline_exceeded("deadline exceeded waiting for the worker")
                 })?,
-            None => response.await,
+            None => exchange.await,
         }
         .map_err(|e| unreachable(&e))?;
+        drop(headers);
         drop(permit);
-        if response.status() != http::StatusCode::OK {
+        if head.status != 200 {
             return Err(unreachable(&format!(
                 "worker answered HTTP {}",
-                response.status()
+                head.status
             )));
         }
-        let (mut head, recv) = response.into_parts();
+        let mut headers = head.headers;
+        // Trailers-only: the status is in the headers.
+        let trailers_only =
+            match head.end {
+                true => Some(Status::from_header_map(&headers).ok_or_else(|| {
+                    unreachable(&"the worker's answer ended without a gRPC status")
+                })?),
+                false => None,
+            };
         let done = Done {
             span: tracing::Span::current(),
             reporter: lease.worker().reporter().clone(),
@@ -239,19 +243,19 @@ impl InferPath {
             patterns: Arc::clone(&self.patterns),
             pool: Arc::clone(&self.pool),
         };
-        if let Some(status) = Status::from_header_map(&head.headers) {
-            // Trailers-only: the status is in the headers.
+        if let Some(status) = trailers_only {
             let mut done = done;
-            done.finish(&mut head.headers, status);
-            return Ok(Response::from_parts(head, FrontBody::Empty));
+            done.finish(&mut headers, status);
+            let mut resp = Response::new(FrontBody::Empty);
+            *resp.headers_mut() = headers;
+            return Ok(resp);
         }
-        Ok(Response::from_parts(
-            head,
-            FrontBody::Forward(ForwardBody {
-                recv,
-                done: Some(done),
-            }),
-        ))
+        let mut resp = Response::new(FrontBody::Forward(ForwardBody {
+            exchange,
+            done: Some(done),
+        }));
+        *resp.headers_mut() = headers;
+        Ok(resp)
     }
 
     /// Reads one request body whole, within the limits; returns it and the
@@ -348,18 +352,10 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     }
 }
 
-/// The request head towards the worker: the caller's metadata, what is
-/// left of its deadline.
-fn upstream_head(
-    headers: &HeaderMap,
-    upstream: &crate::upstream::Upstream,
-    deadline: Option<Instant>,
-) -> Result<Request<()>, Status> {
-    let mut head = Request::post(upstream.infer_uri().clone())
-        .body(())
-        .map_err(|e| Status::internal(format!("request to worker: {e}")))?;
-    let out = head.headers_mut();
-    out.reserve(headers.len() + 2);
+/// The request headers towards the worker: the caller's metadata, what is
+/// left of its deadline (pseudo-headers are the connection's to add).
+fn upstream_head(headers: &HeaderMap, deadline: Option<Instant>) -> Result<HeaderMap, Status> {
+    let mut out = HeaderMap::with_capacity(headers.len() + 2);
     for (name, value) in headers {
         if !hop_only(name) {
             out.append(name.clone(), value.clone());
@@ -367,7 +363,7 @@ fn upstream_head(
     }
     out.insert("te", HeaderValue::from_static("trailers"));
     // The worker's spans are children of this request's (when tracing).
-    crate::trace::inject(out);
+    crate::trace::inject(&mut out);
     if let Some(d) = deadline {
         let left = d.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -387,7 +383,7 @@ fn upstream_head(
         value.set_sensitive(true);
         out.insert("grpc-timeout", value);
     }
-    Ok(head)
+    Ok(out)
 }
 
 /// Tells a worker's sentinel about an internal error it answered, and
@@ -473,7 +469,7 @@ impl Drop for Done {
 
 /// A worker's response body on its way to the caller.
 pub struct ForwardBody {
-    recv: RecvStream,
+    exchange: crate::upstream::Exchange,
     done: Option<Done>,
 }
 
@@ -509,20 +505,15 @@ impl Body for ForwardBody {
         if this.done.is_none() {
             return Poll::Ready(None);
         }
-        match ready!(this.recv.poll_data(cx)) {
-            Some(Ok(data)) => {
-                let _ = this.recv.flow_control().release_capacity(data.len());
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
-            Some(Err(e)) => return Poll::Ready(Some(Ok(this.failed(e.to_string())))),
-            None => {}
-        }
-        let frame = match ready!(this.recv.poll_trailers(cx)) {
-            Ok(Some(trailers)) => match Status::from_header_map(&trailers) {
-                Some(status) => this.end(trailers, status),
-                None => this.failed("the worker's response ended without a gRPC status".into()),
+        let frame = match ready!(this.exchange.poll_data(cx)) {
+            Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+            Ok(None) => match this.exchange.trailers() {
+                Some(trailers) => match Status::from_header_map(&trailers) {
+                    Some(status) => this.end(trailers, status),
+                    None => this.failed("the worker's response ended without a gRPC status".into()),
+                },
+                None => this.failed("the worker's response ended without trailers".into()),
             },
-            Ok(None) => this.failed("the worker's response ended without trailers".into()),
             Err(e) => this.failed(e.to_string()),
         };
         Poll::Ready(Some(Ok(frame)))
@@ -539,18 +530,13 @@ mod tests {
 
     #[test]
     fn the_worker_gets_the_callers_metadata_and_what_is_left_of_its_deadline() {
-        let upstream = crate::upstream::Upstream::new(
-            "127.0.0.1:9".parse().unwrap(),
-            tokio_util::task::TaskTracker::new(),
-        );
         let mut caller = HeaderMap::new();
         caller.insert("grpc-timeout", HeaderValue::from_static("5S"));
         caller.insert("te", HeaderValue::from_static("trailers"));
         caller.insert("host", HeaderValue::from_static("agent"));
         caller.insert("x-request-id", HeaderValue::from_static("abc"));
         let deadline = Instant::now() + Duration::from_millis(1500);
-        let head = upstream_head(&caller, &upstream, Some(deadline)).unwrap();
-        let h = head.headers();
+        let h = upstream_head(&caller, Some(deadline)).unwrap();
         assert_eq!(h["x-request-id"], "abc");
         assert_eq!(h["te"], "trailers");
         assert!(h.get("host").is_none(), "hop-by-hop headers stay");
@@ -559,10 +545,10 @@ mod tests {
         assert!(micros <= 1_500_000 && micros > 0, "{timeout}");
         assert!(h["grpc-timeout"].is_sensitive(), "never indexed");
 
-        let head = upstream_head(&caller, &upstream, None).unwrap();
-        assert!(head.headers().get("grpc-timeout").is_none());
+        let head = upstream_head(&caller, None).unwrap();
+        assert!(head.get("grpc-timeout").is_none());
         let past = Instant::now() - Duration::from_millis(1);
-        let err = upstream_head(&caller, &upstream, Some(past)).unwrap_err();
+        let err = upstream_head(&caller, Some(past)).unwrap_err();
         assert_eq!(err.code(), Code::DeadlineExceeded);
     }
 }

@@ -18,7 +18,7 @@
 //!    publishes; everyone else only reads it), [`inbox`] (control messages
 //!    that are never dropped, coalesced reports), [`worker_log`] (output,
 //!    events, health verdicts), [`models`] (interned model names),
-//!    [`upstream`] (the HTTP/2 connection to a worker process).
+//!    [`upstream`] (the agent's own HTTP/2 client to a worker process).
 //! 3. **pool** — [`pool`]: admission, per-worker permits, per-model FIFO
 //!    queues with direct hand-off.
 //! 4. **metrics** — [`metrics`], label handles resolved once per model.

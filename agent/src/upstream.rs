@@ -1,37 +1,54 @@
-//! The HTTP/2 connection plain inference requests are forwarded on.
+//! The HTTP/2 connection plain inference requests are forwarded on: one per
+//! worker process, made on first use and made again when the worker has
+//! closed it.
 //!
-//! One per worker process, on the `h2` crate directly rather than tonic's
-//! `Channel` or hyper's client: both put the request through an extra task
-//! (a tower buffer, or hyper's dispatch task plus a spawned response task)
-//! before it reaches the socket. Here the request's own task opens the
-//! stream and awaits the response; only the connection's I/O runs in a task
-//! of its own. The connection is made on first use and made again (once per
-//! request) when the worker has closed it. See docs/DECISIONS.md.
+//! The agent's own client (the upstream half of the frame-level relay in
+//! docs/DECISIONS.md), not `h2`'s: a request's future encodes its HEADERS
+//! (static table and literals only, see [`wire`]) and DATA and writes them
+//! itself, without waking another task; the connection's task only reads
+//! and hands each stream's frames to the future waiting for them. The
+//! protocol state is sans-IO in [`conn`]. Under `h2` a request crossed the
+//! connection task twice and paid for its stream store, locks and HPACK
+//! table; see BENCHMARKS.md for what this saves.
 
+mod conn;
+pub mod wire;
+
+use std::future::poll_fn;
+use std::io::IoSlice;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
-use h2::client::{ResponseFuture, SendRequest};
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use conn::{Conn, Refusal};
+pub use conn::{Failure, ResponseHead};
 
 /// Time to open a connection to a local worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// HTTP/2 receive windows towards the worker (the same as the front's).
-const STREAM_WINDOW: u32 = 4 << 20;
-const CONNECTION_WINDOW: u32 = 16 << 20;
+/// Bytes read from the worker at a time.
+const READ_BUFFER: usize = 64 << 10;
+/// Times a request refused unprocessed is sent ([`Upstream::call`]).
+const MAX_REFUSED: u32 = 4;
+/// Buffers handed to one `writev`.
+const MAX_SLICES: usize = 64;
 
-/// Why a request could not be sent to the worker.
+/// Why a request could not be sent to the worker, or its answer not read.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     /// The TCP connection could not be made.
     #[error("cannot connect to {0}: {1}")]
     Connect(SocketAddr, #[source] std::io::Error),
-    /// The HTTP/2 connection failed (handshake, reset, closed by the worker).
-    #[error("HTTP/2 to the worker: {0}")]
-    H2(#[from] h2::Error),
+    /// The stream or its connection failed.
+    #[error(transparent)]
+    Failed(#[from] Failure),
 }
 
 /// A (re)connecting HTTP/2 client to one worker process.
@@ -43,13 +60,67 @@ pub struct Upstream {
 #[derive(Debug)]
 struct Inner {
     address: SocketAddr,
-    /// `ModelInfer`'s URI on this worker.
-    infer_uri: http::Uri,
+    authority: String,
     tasks: TaskTracker,
-    /// The current connection, with its generation.
-    current: Mutex<Option<(u64, SendRequest<Bytes>)>>,
+    /// The current connection.
+    current: Mutex<Option<Arc<Shared>>>,
     /// Held while connecting, so concurrent requests make one connection.
-    connecting: tokio::sync::Mutex<u64>,
+    connecting: tokio::sync::Mutex<()>,
+    /// Ends the connections' tasks when the worker's entry goes.
+    closed: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+/// One connection: its state and socket, shared by its task and the
+/// requests on it.
+#[derive(Debug)]
+struct Shared {
+    conn: Mutex<Conn>,
+    tcp: TcpStream,
+    /// A write could not finish: the connection's task completes it.
+    write_wanted: Notify,
+    /// A stream ended: a request waiting for MAX_CONCURRENT_STREAMS retries.
+    room: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Conn> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes what `conn` has queued, as far as the socket takes it now;
+    /// the rest is left to the connection's task.
+    fn flush(&self, conn: &mut Conn) {
+        while !conn.out.is_empty() {
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let n = conn.out.slices(&mut slices);
+            match self.tcp.try_write_vectored(&slices[..n]) {
+                Ok(0) => {
+                    conn.fail(
+                        Failure::Connection("the socket closed".into()),
+                        &mut Vec::new(),
+                    );
+                    return;
+                }
+                Ok(written) => conn.out.advance(written),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.write_wanted.notify_one();
+                    return;
+                }
+                Err(e) => {
+                    let mut wake = Vec::new();
+                    conn.fail(Failure::Connection(e.to_string()), &mut wake);
+                    wake.into_iter().for_each(Waker::wake);
+                    return;
+                }
+            }
+        }
+    }
 }
 
 impl Upstream {
@@ -59,12 +130,11 @@ impl Upstream {
         Self {
             inner: Arc::new(Inner {
                 address,
-                infer_uri: format!("http://{address}{}", crate::grpc::MODEL_INFER_PATH)
-                    .parse()
-                    .expect("an address and a path make a URI"),
+                authority: address.to_string(),
                 tasks,
                 current: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(0),
+                connecting: tokio::sync::Mutex::new(()),
+                closed: CancellationToken::new(),
             }),
         }
     }
@@ -74,42 +144,70 @@ impl Upstream {
         self.inner.address
     }
 
-    /// `ModelInfer`'s URI on this worker.
-    pub fn infer_uri(&self) -> &http::Uri {
-        &self.inner.infer_uri
-    }
-
-    /// Opens a stream with `head` and sends `body` as its only data; returns
-    /// the response future. Reconnects once if the cached connection is gone.
-    pub async fn send(
-        &self,
-        head: http::Request<()>,
-        body: Bytes,
-    ) -> Result<ResponseFuture, UpstreamError> {
-        let (generation, sender) = match self.cached() {
-            Some(c) => c,
-            // Boxed (here and below): connecting is rare and its future
-            // large; every request's future would carry its size.
-            None => Box::pin(self.connect(None)).await?,
-        };
-        let mut sender = match sender.ready().await {
-            Ok(s) => s,
-            Err(_) => {
-                let (_, s) = Box::pin(self.connect(Some(generation))).await?;
-                s.ready().await?
+    /// Opens a `ModelInfer` stream with `headers` (the caller's metadata;
+    /// pseudo-headers are added) and `body` as its only data, and writes
+    /// them. Makes a new connection if the current one takes no streams.
+    pub async fn send(&self, headers: &HeaderMap, body: Bytes) -> Result<Exchange, UpstreamError> {
+        let mut fresh = false;
+        loop {
+            let shared = match self.cached() {
+                Some(s) => s,
+                None => {
+                    fresh = true;
+                    // Boxed: connecting is rare and its future large; every
+                    // request's future would carry its size.
+                    Box::pin(self.connect()).await?
+                }
+            };
+            let room = shared.room.notified();
+            let opened = {
+                let mut conn = shared.lock();
+                let opened = conn.open(headers, body.clone());
+                if opened.is_ok() {
+                    shared.flush(&mut conn);
+                }
+                opened
+            };
+            match opened {
+                Ok(id) => {
+                    drop(room);
+                    return Ok(Exchange { shared, id });
+                }
+                Err(Refusal::Full) => room.await,
+                Err(Refusal::Closed) if !fresh => self.forget(&shared),
+                Err(Refusal::Closed) => {
+                    return Err(
+                        Failure::Connection("a new connection took no stream".into()).into(),
+                    );
+                }
             }
-        };
-        let end = body.is_empty();
-        let (response, mut stream) = sender.send_request(head, end)?;
-        if !end {
-            // Bounded by the front's message limit; h2 sends it as the
-            // worker's window allows.
-            stream.send_data(body, true)?;
         }
-        Ok(response)
     }
 
-    fn cached(&self) -> Option<(u64, SendRequest<Bytes>)> {
+    /// Sends a request ([`Upstream::send`]) and waits for its response
+    /// head. A stream the worker refused unprocessed (REFUSED_STREAM, or
+    /// beyond a GOAWAY's last stream: e.g. sent before the worker's
+    /// MAX_CONCURRENT_STREAMS arrived) is sent again, a few times at most.
+    pub async fn call(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<(Exchange, ResponseHead), UpstreamError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut exchange = self.send(headers, body.clone()).await?;
+            match exchange.head().await {
+                Ok(head) => return Ok((exchange, head)),
+                Err(UpstreamError::Failed(Failure::Refused)) if tries < MAX_REFUSED => {
+                    tracing::debug!(address = %self.inner.address, "worker refused a stream; sending it again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn cached(&self) -> Option<Arc<Shared>> {
         self.inner
             .current
             .lock()
@@ -117,16 +215,23 @@ impl Upstream {
             .clone()
     }
 
-    /// Makes a new connection unless one newer than `stale` exists already.
-    async fn connect(
-        &self,
-        stale: Option<u64>,
-    ) -> Result<(u64, SendRequest<Bytes>), UpstreamError> {
-        let mut made = self.inner.connecting.lock().await;
-        if let Some((generation, sender)) = self.cached() {
-            if Some(generation) != stale {
-                return Ok((generation, sender));
-            }
+    /// Drops `stale` as the current connection (if it still is).
+    fn forget(&self, stale: &Arc<Shared>) {
+        let mut current = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, stale)) {
+            *current = None;
+        }
+    }
+
+    /// Makes a new connection unless another request has just made one.
+    async fn connect(&self) -> Result<Arc<Shared>, UpstreamError> {
+        let _made = self.inner.connecting.lock().await;
+        if let Some(shared) = self.cached() {
+            return Ok(shared);
         }
         let address = self.inner.address;
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address))
@@ -134,23 +239,147 @@ impl Upstream {
             .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
             .map_err(|e| UpstreamError::Connect(address, e))?;
         let _ = tcp.set_nodelay(true);
-        let (sender, connection) = h2::client::Builder::new()
-            .initial_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .handshake::<_, Bytes>(tcp)
-            .await?;
+        let shared = Arc::new(Shared {
+            conn: Mutex::new(Conn::new(
+                &self.inner.authority,
+                crate::grpc::MODEL_INFER_PATH,
+            )),
+            tcp,
+            write_wanted: Notify::new(),
+            room: Notify::new(),
+        });
+        shared.flush(&mut shared.lock());
+        let task = Arc::clone(&shared);
+        let closed = self.inner.closed.clone();
         self.inner.tasks.spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%address, error = %e, "connection to worker ended");
+            if let Some(why) = drive(&task, &closed).await {
+                tracing::debug!(%address, %why, "connection to worker ended");
             }
         });
-        *made += 1;
-        let entry = (*made, sender);
         *self
             .inner
             .current
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(entry.clone());
-        Ok(entry)
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&shared));
+        Ok(shared)
     }
 }
+
+/// The connection's task: reads frames and hands them to their streams,
+/// finishes writes the requests could not. Ends when the connection fails
+/// or closes, or the worker's entry goes.
+async fn drive(shared: &Shared, closed: &CancellationToken) -> Option<Failure> {
+    let mut buf = BytesMut::with_capacity(READ_BUFFER);
+    let mut wake = Vec::new();
+    // A write is waiting for the socket. Reading goes on meanwhile: a
+    // worker blocked writing to the agent may be what keeps it from
+    // reading.
+    let mut blocked = false;
+    let ended = loop {
+        tokio::select! {
+            ready = shared.tcp.readable() => {
+                if let Err(e) = ready {
+                    break Failure::Connection(e.to_string());
+                }
+                if buf.capacity() - buf.len() < READ_BUFFER / 4 {
+                    buf.reserve(READ_BUFFER);
+                }
+                match shared.tcp.try_read_buf(&mut buf) {
+                    Ok(0) => break Failure::Connection("the worker closed the connection".into()),
+                    Ok(_) => {
+                        let mut conn = shared.lock();
+                        conn.on_read(&mut buf, &mut wake);
+                        shared.flush(&mut conn);
+                        let failed = conn.is_failed();
+                        drop(conn);
+                        wake.drain(..).for_each(Waker::wake);
+                        if failed {
+                            break Failure::Connection("the worker broke the protocol".into());
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => break Failure::Connection(e.to_string()),
+                }
+            }
+            () = shared.write_wanted.notified(), if !blocked => blocked = true,
+            ready = shared.tcp.writable(), if blocked => {
+                if let Err(e) = ready {
+                    break Failure::Connection(e.to_string());
+                }
+                let mut conn = shared.lock();
+                shared.flush(&mut conn);
+                // Still blocked: `flush` asked again (`write_wanted`).
+                blocked = false;
+                if conn.is_failed() {
+                    break Failure::Connection("writing to the worker failed".into());
+                }
+            }
+            () = closed.cancelled() => return None,
+        }
+    };
+    let mut conn = shared.lock();
+    conn.fail(ended.clone(), &mut wake);
+    drop(conn);
+    shared.room.notify_waiters();
+    wake.into_iter().for_each(Waker::wake);
+    Some(ended)
+}
+
+/// One request's stream: its answer is read from here. Dropping it before
+/// the answer ended resets the stream.
+#[derive(Debug)]
+pub struct Exchange {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+impl Exchange {
+    /// The response's status and headers.
+    pub async fn head(&mut self) -> Result<ResponseHead, UpstreamError> {
+        poll_fn(|cx| self.poll(cx, |conn, id, waker| conn.poll_head(id, waker)))
+            .await
+            .map_err(UpstreamError::from)
+    }
+
+    /// The next response bytes; `None` at the end of the data.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, Failure>> {
+        self.poll(cx, |conn, id, waker| conn.poll_data(id, waker))
+    }
+
+    /// The trailers, once [`Exchange::poll_data`] has returned `None`.
+    pub fn trailers(&mut self) -> Option<HeaderMap> {
+        self.shared.lock().take_trailers(self.id)
+    }
+
+    fn poll<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        step: impl FnOnce(&mut Conn, u32, &Waker) -> Option<Result<T, Failure>>,
+    ) -> Poll<Result<T, Failure>> {
+        let mut conn = self.shared.lock();
+        let polled = step(&mut conn, self.id, cx.waker());
+        // Taking data may owe the worker a window update.
+        if !conn.out.is_empty() {
+            self.shared.flush(&mut conn);
+        }
+        match polled {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let mut conn = self.shared.lock();
+        conn.close(self.id);
+        if !conn.out.is_empty() {
+            self.shared.flush(&mut conn);
+        }
+        drop(conn);
+        self.shared.room.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,755 @@
+//! The client side of one HTTP/2 connection to a worker, without I/O: bytes
+//! read go in ([`Conn::on_read`]), bytes to write come out ([`Out`]), and
+//! each stream's answer is kept until its request's future takes it.
+//!
+//! Unary requests only: a HEADERS block and the request's bytes as DATA
+//! (within the worker's windows), then the response's HEADERS, DATA and
+//! trailers. Everything a server may send is handled (SETTINGS, PING,
+//! WINDOW_UPDATE, RST_STREAM, GOAWAY, CONTINUATION, padding); what breaks
+//! the protocol ends the connection with GOAWAY, failing its streams.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
+use std::task::Waker;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::wire::{self, code, flag, kind, setting};
+
+/// The receive window of each stream, as the agent advertises it.
+pub const STREAM_WINDOW: u32 = 4 << 20;
+/// The connection's receive window.
+pub const CONNECTION_WINDOW: u32 = 16 << 20;
+/// The largest header block (with CONTINUATIONs) a worker may send.
+const MAX_HEADER_BLOCK: usize = 64 << 10;
+/// Most header fields in one block.
+const MAX_HEADER_FIELDS: usize = 256;
+/// Payloads up to this size are copied next to their frame header (one
+/// write); larger ones are written from their own buffer.
+const COPY_BELOW: usize = 1024;
+
+/// Why a stream or the connection failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The connection ended or broke; the text says how.
+    #[error("connection to the worker failed: {0}")]
+    Connection(String),
+    /// The worker reset the stream with this HTTP/2 error code.
+    #[error("the worker reset the stream (HTTP/2 error {0:#x})")]
+    Reset(u32),
+    /// The worker did not process the stream (GOAWAY or REFUSED_STREAM).
+    #[error("the worker refused the stream (going away)")]
+    Refused,
+    /// The worker's answer broke the protocol for this stream.
+    #[error("malformed answer from the worker: {0}")]
+    Malformed(&'static str),
+}
+
+/// Why a new stream cannot be opened now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The worker's MAX_CONCURRENT_STREAMS are in use: wait for one to end.
+    Full,
+    /// This connection takes no new streams: make a new one.
+    Closed,
+}
+
+/// A response's status line and headers.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub headers: HeaderMap,
+    /// The stream ended with these headers (a trailers-only answer).
+    pub end: bool,
+}
+
+/// Bytes waiting to be written: small frames gathered in one buffer, large
+/// payloads kept as they are.
+#[derive(Debug, Default)]
+pub struct Out {
+    chunks: VecDeque<Bytes>,
+    tail: BytesMut,
+}
+
+impl Out {
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty() && self.tail.is_empty()
+    }
+
+    fn buf(&mut self) -> &mut BytesMut {
+        &mut self.tail
+    }
+
+    fn payload(&mut self, data: Bytes) {
+        if data.len() < COPY_BELOW {
+            self.tail.extend_from_slice(&data);
+        } else {
+            if !self.tail.is_empty() {
+                self.chunks.push_back(self.tail.split().freeze());
+            }
+            self.chunks.push_back(data);
+        }
+    }
+
+    /// Up to `slices.len()` buffers to write, in order; how many.
+    pub fn slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        let bufs = self.chunks.iter().map(|c| &c[..]);
+        for c in bufs.chain(std::iter::once(&self.tail[..])) {
+            if n == slices.len() {
+                break;
+            }
+            if !c.is_empty() {
+                slices[n] = IoSlice::new(c);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Drops the first `n` bytes (written).
+    pub fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            match self.chunks.front_mut() {
+                Some(c) if c.len() <= n => {
+                    n -= c.len();
+                    self.chunks.pop_front();
+                }
+                Some(c) => {
+                    c.advance(n);
+                    return;
+                }
+                None => {
+                    self.tail.advance(n);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Stream {
+    /// What the worker lets this stream send.
+    send_window: i64,
+    /// Request bytes not sent yet.
+    body: Bytes,
+    /// What the worker may still send on this stream.
+    recv_window: i64,
+    /// Bytes taken by the caller and not yet given back as window.
+    unacked: u32,
+    head: Option<ResponseHead>,
+    /// The first header block has arrived (taken or not).
+    headed: bool,
+    data: VecDeque<Bytes>,
+    trailers: Option<HeaderMap>,
+    /// The worker ended the stream.
+    ended: bool,
+    failure: Option<Failure>,
+    waker: Option<Waker>,
+}
+
+/// The connection's state.
+pub struct Conn {
+    authority: Bytes,
+    path: &'static [u8],
+    pub out: Out,
+    streams: HashMap<u32, Stream>,
+    next_id: u32,
+    /// Streams with request bytes waiting for window, oldest first.
+    sending: VecDeque<u32>,
+    send_window: i64,
+    peer_initial_window: i64,
+    peer_max_frame: usize,
+    peer_max_streams: usize,
+    recv_window: i64,
+    unacked: u32,
+    decoder: loona_hpack::Decoder<'static>,
+    /// A header block waiting for its CONTINUATION frames.
+    block: Option<(u32, u8, BytesMut)>,
+    /// GOAWAY received: no new streams.
+    going_away: bool,
+    failed: Option<Failure>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("streams", &self.streams.len())
+            .field("next_id", &self.next_id)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Conn {
+    /// A connection whose preface and settings are queued in `out`.
+    pub fn new(authority: &str, path: &'static str) -> Self {
+        let mut conn = Self {
+            authority: Bytes::copy_from_slice(authority.as_bytes()),
+            path: path.as_bytes(),
+            out: Out::default(),
+            streams: HashMap::new(),
+            next_id: 1,
+            sending: VecDeque::new(),
+            send_window: wire::DEFAULT_WINDOW,
+            peer_initial_window: wire::DEFAULT_WINDOW,
+            peer_max_frame: wire::DEFAULT_MAX_FRAME,
+            peer_max_streams: usize::MAX,
+            recv_window: i64::from(CONNECTION_WINDOW),
+            unacked: 0,
+            decoder: loona_hpack::Decoder::new(),
+            block: None,
+            going_away: false,
+            failed: None,
+        };
+        conn.decoder.set_max_allowed_table_size(4096);
+        let out = conn.out.buf();
+        out.extend_from_slice(wire::PREFACE);
+        wire::put_settings(
+            out,
+            &[
+                (setting::ENABLE_PUSH, 0),
+                (setting::MAX_CONCURRENT_STREAMS, 0),
+                (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+            ],
+        );
+        wire::put_window_update(out, 0, CONNECTION_WINDOW - wire::DEFAULT_WINDOW as u32);
+        conn
+    }
+
+    /// Whether new streams may be opened here.
+    pub fn is_open(&self) -> bool {
+        self.failed.is_none() && !self.going_away && self.next_id < (1 << 31)
+    }
+
+    /// Whether the connection has failed (its I/O should stop).
+    pub fn is_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// Opens a stream carrying `headers` and `body`; its id.
+    pub fn open(&mut self, headers: &HeaderMap, body: Bytes) -> Result<u32, Refusal> {
+        if !self.is_open() {
+            return Err(Refusal::Closed);
+        }
+        if self.streams.len() >= self.peer_max_streams {
+            return Err(Refusal::Full);
+        }
+        let id = self.next_id;
+        self.next_id += 2;
+        let mut block = BytesMut::with_capacity(128);
+        wire::put_request_block(&mut block, &self.authority, self.path, headers);
+        let end = if body.is_empty() { flag::END_STREAM } else { 0 };
+        // The block in frames no larger than the worker allows.
+        let mut first = true;
+        while first || !block.is_empty() {
+            let part = block.split_to(block.len().min(self.peer_max_frame));
+            let last = if block.is_empty() {
+                flag::END_HEADERS
+            } else {
+                0
+            };
+            let (k, flags) = if first {
+                (kind::HEADERS, end | last)
+            } else {
+                (kind::CONTINUATION, last)
+            };
+            wire::put_head(self.out.buf(), part.len(), k, flags, id);
+            self.out.buf().extend_from_slice(&part);
+            first = false;
+        }
+        let has_body = !body.is_empty();
+        self.streams.insert(
+            id,
+            Stream {
+                send_window: self.peer_initial_window,
+                body,
+                recv_window: i64::from(STREAM_WINDOW),
+                unacked: 0,
+                head: None,
+                headed: false,
+                data: VecDeque::new(),
+                trailers: None,
+                ended: false,
+                failure: None,
+                waker: None,
+            },
+        );
+        if has_body {
+            self.sending.push_back(id);
+            self.send_pending();
+        }
+        Ok(id)
+    }
+
+    /// Writes request bytes the windows allow, oldest stream first; a
+    /// stream whose own window is shut does not hold up the others.
+    fn send_pending(&mut self) {
+        let mut waiting = self.sending.len();
+        while waiting > 0 && self.send_window > 0 {
+            waiting -= 1;
+            let Some(id) = self.sending.pop_front() else {
+                return;
+            };
+            let Some(stream) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            while !stream.body.is_empty() {
+                let n = (stream.body.len() as i64)
+                    .min(self.send_window)
+                    .min(stream.send_window)
+                    .min(self.peer_max_frame as i64);
+                if n <= 0 {
+                    break;
+                }
+                let chunk = stream.body.split_to(n as usize);
+                let end = if stream.body.is_empty() {
+                    flag::END_STREAM
+                } else {
+                    0
+                };
+                wire::put_head(self.out.buf(), chunk.len(), kind::DATA, end, id);
+                self.out.payload(chunk);
+                self.send_window -= n;
+                stream.send_window -= n;
+            }
+            if !stream.body.is_empty() {
+                // Blocked by a window: its turn comes again after the rest.
+                self.sending.push_back(id);
+            }
+        }
+    }
+
+    /// Handles the frames complete in `buf` (consuming them); returns the
+    /// wakers of the streams that changed, to be woken outside any lock.
+    pub fn on_read(&mut self, buf: &mut BytesMut, wake: &mut Vec<Waker>) {
+        while self.failed.is_none() && buf.len() >= wire::HEADER_LEN {
+            let head = wire::parse_head(buf);
+            if head.len > wire::DEFAULT_MAX_FRAME {
+                self.fail_with(
+                    code::FRAME_SIZE_ERROR,
+                    "a frame over the maximum size",
+                    wake,
+                );
+                return;
+            }
+            if buf.len() < wire::HEADER_LEN + head.len {
+                buf.reserve(wire::HEADER_LEN + head.len - buf.len());
+                return;
+            }
+            buf.advance(wire::HEADER_LEN);
+            let payload = buf.split_to(head.len).freeze();
+            if let Err((error, why)) = self.frame(head, payload, wake) {
+                self.fail_with(error, why, wake);
+            }
+        }
+    }
+
+    fn frame(
+        &mut self,
+        head: wire::Head,
+        payload: Bytes,
+        wake: &mut Vec<Waker>,
+    ) -> Result<(), (u32, &'static str)> {
+        if self.block.is_some() && head.kind != kind::CONTINUATION {
+            return Err((code::PROTOCOL_ERROR, "a header block was interrupted"));
+        }
+        match head.kind {
+            kind::DATA => self.data(head, payload, wake),
+            kind::HEADERS => {
+                let range = wire::unpad(&payload, head.flags, kind::HEADERS)
+                    .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
+                let block = BytesMut::from(&payload[range]);
+                if head.flags & flag::END_HEADERS != 0 {
+                    self.headers(head.stream, head.flags, &block, wake)
+                } else {
+                    self.block = Some((head.stream, head.flags, block));
+                    Ok(())
+                }
+            }
+            kind::CONTINUATION => {
+                let Some((stream, flags, mut block)) = self.block.take() else {
+                    return Err((code::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
+                };
+                if stream != head.stream {
+                    return Err((code::PROTOCOL_ERROR, "CONTINUATION on another stream"));
+                }
+                if block.len() + payload.len() > MAX_HEADER_BLOCK {
+                    return Err((code::PROTOCOL_ERROR, "a header block over 64 KiB"));
+                }
+                block.extend_from_slice(&payload);
+                if head.flags & flag::END_HEADERS != 0 {
+                    self.headers(stream, flags, &block, wake)
+                } else {
+                    self.block = Some((stream, flags, block));
+                    Ok(())
+                }
+            }
+            kind::RST_STREAM => {
+                if payload.len() != 4 {
+                    return Err((code::FRAME_SIZE_ERROR, "RST_STREAM of the wrong size"));
+                }
+                let error = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                let failure = if error == code::REFUSED_STREAM {
+                    Failure::Refused
+                } else {
+                    Failure::Reset(error)
+                };
+                self.fail_stream(head.stream, failure, wake);
+                Ok(())
+            }
+            kind::SETTINGS => self.settings(head, &payload),
+            kind::PING => {
+                if payload.len() != 8 {
+                    return Err((code::FRAME_SIZE_ERROR, "PING of the wrong size"));
+                }
+                if head.flags & flag::ACK == 0 {
+                    wire::put_head(self.out.buf(), 8, kind::PING, flag::ACK, 0);
+                    self.out.buf().extend_from_slice(&payload);
+                }
+                Ok(())
+            }
+            kind::GOAWAY => {
+                if payload.len() < 8 {
+                    return Err((code::FRAME_SIZE_ERROR, "GOAWAY too short"));
+                }
+                let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                    & 0x7fff_ffff;
+                self.going_away = true;
+                let refused: Vec<u32> = self
+                    .streams
+                    .keys()
+                    .copied()
+                    .filter(|&id| id > last)
+                    .collect();
+                for id in refused {
+                    self.fail_stream(id, Failure::Refused, wake);
+                }
+                Ok(())
+            }
+            kind::WINDOW_UPDATE => {
+                if payload.len() != 4 {
+                    return Err((code::FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size"));
+                }
+                let inc = i64::from(
+                    u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                        & 0x7fff_ffff,
+                );
+                if head.stream == 0 {
+                    if inc == 0 {
+                        return Err((code::PROTOCOL_ERROR, "a zero window increment"));
+                    }
+                    self.send_window += inc;
+                    if self.send_window > wire::MAX_WINDOW {
+                        return Err((code::FLOW_CONTROL_ERROR, "the window overflowed"));
+                    }
+                } else if let Some(stream) = self.streams.get_mut(&head.stream) {
+                    stream.send_window += inc;
+                    if inc == 0 || stream.send_window > wire::MAX_WINDOW {
+                        self.reset(head.stream, code::FLOW_CONTROL_ERROR);
+                        self.fail_stream(
+                            head.stream,
+                            Failure::Malformed("bad window update"),
+                            wake,
+                        );
+                    }
+                }
+                self.send_pending();
+                Ok(())
+            }
+            kind::PUSH_PROMISE => Err((code::PROTOCOL_ERROR, "PUSH_PROMISE with push disabled")),
+            // PRIORITY and unknown frame types are ignored.
+            _ => Ok(()),
+        }
+    }
+
+    fn data(
+        &mut self,
+        head: wire::Head,
+        payload: Bytes,
+        wake: &mut Vec<Waker>,
+    ) -> Result<(), (u32, &'static str)> {
+        let len = payload.len() as i64;
+        if len > self.recv_window {
+            return Err((
+                code::FLOW_CONTROL_ERROR,
+                "DATA beyond the connection window",
+            ));
+        }
+        self.recv_window -= len;
+        let range = wire::unpad(&payload, head.flags, kind::DATA)
+            .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
+        // Padding is consumed at once; data when the caller takes it.
+        let mut credit = (len as usize - range.len()) as u32;
+        match self.streams.get_mut(&head.stream) {
+            Some(stream) if !stream.ended && stream.failure.is_none() => {
+                if !stream.headed {
+                    return Err((code::PROTOCOL_ERROR, "DATA before HEADERS"));
+                }
+                if len > stream.recv_window {
+                    return Err((code::FLOW_CONTROL_ERROR, "DATA beyond the stream window"));
+                }
+                stream.recv_window -= len;
+                if !range.is_empty() {
+                    stream.data.push_back(payload.slice(range));
+                }
+                if head.flags & flag::END_STREAM != 0 {
+                    stream.ended = true;
+                }
+                wake.extend(stream.waker.take());
+            }
+            // A stream cancelled here, or ended: nobody takes its data.
+            _ => credit = len as u32,
+        }
+        self.credit(credit);
+        Ok(())
+    }
+
+    fn headers(
+        &mut self,
+        id: u32,
+        flags: u8,
+        block: &[u8],
+        wake: &mut Vec<Waker>,
+    ) -> Result<(), (u32, &'static str)> {
+        // Decoded whatever the stream, to keep the HPACK state in step.
+        let mut headers = HeaderMap::new();
+        let mut status = None;
+        let mut malformed = None;
+        let mut fields = 0usize;
+        self.decoder
+            .decode_with_cb(block, |name, value| {
+                fields += 1;
+                if fields > MAX_HEADER_FIELDS {
+                    malformed = Some("too many header fields");
+                    return;
+                }
+                if name.first() == Some(&b':') {
+                    if &name[..] == b":status" {
+                        status = std::str::from_utf8(&value)
+                            .ok()
+                            .and_then(|s| s.parse().ok());
+                    }
+                    return;
+                }
+                match (
+                    HeaderName::from_bytes(&name),
+                    HeaderValue::from_bytes(&value),
+                ) {
+                    (Ok(n), Ok(v)) => {
+                        headers.append(n, v);
+                    }
+                    _ => malformed = Some("an invalid header field"),
+                }
+            })
+            .map_err(|_| (code::COMPRESSION_ERROR, "a header block did not decode"))?;
+        let end = flags & flag::END_STREAM != 0;
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return Ok(());
+        };
+        if stream.ended || stream.failure.is_some() {
+            return Ok(());
+        }
+        if let Some(why) = malformed {
+            self.reset(id, code::PROTOCOL_ERROR);
+            self.fail_stream(id, Failure::Malformed(why), wake);
+            return Ok(());
+        }
+        if !stream.headed {
+            let Some(status) = status else {
+                self.reset(id, code::PROTOCOL_ERROR);
+                self.fail_stream(id, Failure::Malformed("a response without :status"), wake);
+                return Ok(());
+            };
+            if (100..200).contains(&status) && !end {
+                // An informational answer: the real one follows.
+                return Ok(());
+            }
+            stream.headed = true;
+            stream.head = Some(ResponseHead {
+                status,
+                headers,
+                end,
+            });
+        } else {
+            if !end {
+                self.reset(id, code::PROTOCOL_ERROR);
+                self.fail_stream(id, Failure::Malformed("trailers without END_STREAM"), wake);
+                return Ok(());
+            }
+            stream.trailers = Some(headers);
+        }
+        if end {
+            stream.ended = true;
+        }
+        wake.extend(stream.waker.take());
+        Ok(())
+    }
+
+    fn settings(&mut self, head: wire::Head, payload: &[u8]) -> Result<(), (u32, &'static str)> {
+        if head.stream != 0 {
+            return Err((code::PROTOCOL_ERROR, "SETTINGS on a stream"));
+        }
+        if head.flags & flag::ACK != 0 {
+            return Ok(());
+        }
+        if payload.len() % 6 != 0 {
+            return Err((code::FRAME_SIZE_ERROR, "SETTINGS of the wrong size"));
+        }
+        for s in payload.chunks_exact(6) {
+            let id = u16::from_be_bytes([s[0], s[1]]);
+            let value = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
+            match id {
+                setting::INITIAL_WINDOW_SIZE => {
+                    let value = i64::from(value);
+                    if value > wire::MAX_WINDOW {
+                        return Err((code::FLOW_CONTROL_ERROR, "an initial window over 2^31-1"));
+                    }
+                    let delta = value - self.peer_initial_window;
+                    self.peer_initial_window = value;
+                    for stream in self.streams.values_mut() {
+                        stream.send_window += delta;
+                        if stream.send_window > wire::MAX_WINDOW {
+                            return Err((code::FLOW_CONTROL_ERROR, "a stream window overflowed"));
+                        }
+                    }
+                }
+                setting::MAX_FRAME_SIZE => {
+                    if !(16_384..=16_777_215).contains(&value) {
+                        return Err((code::PROTOCOL_ERROR, "a bad MAX_FRAME_SIZE"));
+                    }
+                    self.peer_max_frame = value as usize;
+                }
+                setting::MAX_CONCURRENT_STREAMS => self.peer_max_streams = value as usize,
+                // HEADER_TABLE_SIZE limits a dynamic table the agent does
+                // not use; ENABLE_PUSH is for servers.
+                _ => {}
+            }
+        }
+        wire::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
+        self.send_pending();
+        Ok(())
+    }
+
+    /// Gives `n` bytes of connection window back when enough is owed.
+    fn credit(&mut self, n: u32) {
+        self.unacked += n;
+        if self.unacked >= CONNECTION_WINDOW / 2 {
+            wire::put_window_update(self.out.buf(), 0, self.unacked);
+            self.recv_window += i64::from(self.unacked);
+            self.unacked = 0;
+        }
+    }
+
+    fn reset(&mut self, id: u32, error: u32) {
+        wire::put_reset(self.out.buf(), id, error);
+    }
+
+    fn fail_stream(&mut self, id: u32, failure: Failure, wake: &mut Vec<Waker>) {
+        if let Some(stream) = self.streams.get_mut(&id) {
+            if stream.failure.is_none() && !(stream.ended && stream.data.is_empty()) {
+                stream.failure = Some(failure);
+            }
+            stream.body = Bytes::new();
+            wake.extend(stream.waker.take());
+        }
+    }
+
+    fn fail_with(&mut self, error: u32, why: &'static str, wake: &mut Vec<Waker>) {
+        wire::put_goaway(self.out.buf(), self.next_id.saturating_sub(2), error);
+        self.fail(Failure::Connection(why.to_string()), wake);
+    }
+
+    /// Fails the connection and every stream on it.
+    pub fn fail(&mut self, failure: Failure, wake: &mut Vec<Waker>) {
+        if self.failed.is_none() {
+            self.failed = Some(failure.clone());
+        }
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            if let Some(stream) = self.streams.get_mut(&id) {
+                if stream.failure.is_none() && !stream.ended {
+                    stream.failure = Some(failure.clone());
+                }
+                wake.extend(stream.waker.take());
+            }
+        }
+    }
+
+    /// The response head of stream `id`, or the waker is kept.
+    pub fn poll_head(&mut self, id: u32, waker: &Waker) -> Option<Result<ResponseHead, Failure>> {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return Some(Err(gone()));
+        };
+        if let Some(head) = stream.head.take() {
+            return Some(Ok(head));
+        }
+        if let Some(f) = &stream.failure {
+            return Some(Err(f.clone()));
+        }
+        remember(&mut stream.waker, waker);
+        None
+    }
+
+    /// The next response bytes of stream `id` (`Ok(None)` at the end, after
+    /// which the trailers are ready), or the waker is kept. Bytes taken are
+    /// given back to the worker as window.
+    pub fn poll_data(&mut self, id: u32, waker: &Waker) -> Option<Result<Option<Bytes>, Failure>> {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return Some(Err(gone()));
+        };
+        if let Some(data) = stream.data.pop_front() {
+            let n = data.len() as u32;
+            stream.unacked += n;
+            if !stream.ended && stream.unacked >= STREAM_WINDOW / 2 {
+                let inc = stream.unacked;
+                stream.unacked = 0;
+                stream.recv_window += i64::from(inc);
+                wire::put_window_update(self.out.buf(), id, inc);
+            }
+            self.credit(n);
+            return Some(Ok(Some(data)));
+        }
+        if let Some(f) = &stream.failure {
+            return Some(Err(f.clone()));
+        }
+        if stream.ended {
+            return Some(Ok(None));
+        }
+        remember(&mut stream.waker, waker);
+        None
+    }
+
+    /// The trailers of an ended stream (`None`: it ended without).
+    pub fn take_trailers(&mut self, id: u32) -> Option<HeaderMap> {
+        self.streams.get_mut(&id)?.trailers.take()
+    }
+
+    /// Forgets stream `id`; resets it first if the worker has not ended it.
+    /// Data it held is given back to the connection's window.
+    pub fn close(&mut self, id: u32) {
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        if !stream.ended && stream.failure.is_none() && self.failed.is_none() {
+            self.reset(id, code::CANCEL);
+        }
+        let held: usize = stream.data.iter().map(Bytes::len).sum();
+        if held > 0 && self.failed.is_none() {
+            self.credit(held as u32);
+        }
+    }
+}
+
+fn gone() -> Failure {
+    Failure::Connection("the stream is gone".into())
+}
+
+fn remember(slot: &mut Option<Waker>, waker: &Waker) {
+    match slot {
+        Some(w) if w.will_wake(waker) => {}
+        _ => *slot = Some(waker.clone()),
+    }
+}

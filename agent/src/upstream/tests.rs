@@ -1,0 +1,402 @@
+//! The agent's HTTP/2 client against a server it did not write (the `h2`
+//! crate's), over loopback TCP.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::BufMut;
+use h2::RecvStream;
+use h2::server::SendResponse;
+use http::{HeaderValue, Request, Response};
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// A worker answering each request with `handler`; counts connections.
+async fn worker<F, Fut>(builder: h2::server::Builder, handler: F) -> (SocketAddr, Arc<AtomicUsize>)
+where
+    F: Fn(Request<RecvStream>, SendResponse<Bytes>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&connections);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            let builder = builder.clone();
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let mut conn = builder.handshake::<_, Bytes>(tcp).await.unwrap();
+                while let Some(Ok((req, respond))) = conn.accept().await {
+                    tokio::spawn(handler.clone()(req, respond));
+                }
+            });
+        }
+    });
+    (address, connections)
+}
+
+/// Reads a request body whole.
+async fn body(mut recv: RecvStream) -> Bytes {
+    let mut all = BytesMut::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.unwrap();
+        let _ = recv.flow_control().release_capacity(chunk.len());
+        all.put(chunk);
+    }
+    all.freeze()
+}
+
+/// Answers 200 with `data` and `grpc-status: 0` trailers.
+fn answer(mut respond: SendResponse<Bytes>, data: Bytes) {
+    let mut send = respond.send_response(Response::new(()), false).unwrap();
+    send.send_data(data, false).unwrap();
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    send.send_trailers(trailers).unwrap();
+}
+
+/// An echo worker: answers each request with its body.
+async fn echo(builder: h2::server::Builder) -> (SocketAddr, Arc<AtomicUsize>) {
+    worker(builder, |req: Request<RecvStream>, respond| async move {
+        let data = body(req.into_body()).await;
+        answer(respond, data);
+    })
+    .await
+}
+
+/// Reads an answer's data whole, and its trailers.
+async fn read(exchange: &mut Exchange) -> Result<(Bytes, Option<HeaderMap>), Failure> {
+    let mut all = BytesMut::new();
+    while let Some(chunk) = poll_fn(|cx| exchange.poll_data(cx)).await? {
+        all.put(chunk);
+    }
+    Ok((all.freeze(), exchange.trailers()))
+}
+
+fn client(address: SocketAddr) -> Upstream {
+    Upstream::new(address, TaskTracker::new())
+}
+
+fn pattern(len: usize) -> Bytes {
+    (0..len)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+#[tokio::test]
+async fn a_request_and_its_answer_cross_intact() {
+    let (address, _) = worker(
+        h2::server::Builder::new(),
+        |req: Request<RecvStream>, respond| async move {
+            let (parts, recv) = req.into_parts();
+            assert_eq!(parts.method, http::Method::POST);
+            assert_eq!(parts.uri.path(), crate::grpc::MODEL_INFER_PATH);
+            assert_eq!(parts.headers["te"], "trailers");
+            assert_eq!(parts.headers["x-request-id"], "abc");
+            let data = body(recv).await;
+            answer(respond, data);
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let mut headers = HeaderMap::new();
+    headers.insert("te", HeaderValue::from_static("trailers"));
+    headers.insert("x-request-id", HeaderValue::from_static("abc"));
+    for _ in 0..3 {
+        let mut exchange = upstream.send(&headers, pattern(1000)).await.unwrap();
+        let head = exchange.head().await.unwrap();
+        assert_eq!(head.status, 200);
+        assert!(!head.end);
+        let (data, trailers) = read(&mut exchange).await.unwrap();
+        assert_eq!(data, pattern(1000));
+        assert_eq!(trailers.unwrap()["grpc-status"], "0");
+    }
+}
+
+/// 1 MiB through a worker whose stream window is 1,000 bytes: sent as the
+/// worker's WINDOW_UPDATEs allow.
+#[tokio::test]
+async fn a_body_larger_than_the_workers_window_is_sent_as_it_opens() {
+    let mut builder = h2::server::Builder::new();
+    builder.initial_window_size(1000);
+    let (address, _) = echo(builder).await;
+    let upstream = client(address);
+    let mut exchange = upstream
+        .send(&HeaderMap::new(), pattern(1 << 20))
+        .await
+        .unwrap();
+    assert_eq!(exchange.head().await.unwrap().status, 200);
+    let (data, _) = read(&mut exchange).await.unwrap();
+    assert_eq!(data, pattern(1 << 20));
+}
+
+/// A 40 MiB answer is more than the agent's stream and connection windows:
+/// it arrives only if taking the data gives window back.
+#[tokio::test]
+async fn an_answer_larger_than_the_agents_windows_arrives_whole() {
+    let big = pattern(40 << 20);
+    let (address, _) = worker(h2::server::Builder::new(), {
+        let big = big.clone();
+        move |req: Request<RecvStream>, mut respond| {
+            let big = big.clone();
+            async move {
+                drop(body(req.into_body()).await);
+                let mut send = respond.send_response(Response::new(()), false).unwrap();
+                let mut rest = big;
+                while !rest.is_empty() {
+                    send.reserve_capacity(rest.len());
+                    let n = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
+                    send.send_data(rest.split_to(n.min(rest.len())), false)
+                        .unwrap();
+                }
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                send.send_trailers(trailers).unwrap();
+            }
+        }
+    })
+    .await;
+    let upstream = client(address);
+    for _ in 0..2 {
+        let mut exchange = upstream.send(&HeaderMap::new(), pattern(10)).await.unwrap();
+        exchange.head().await.unwrap();
+        let (data, trailers) = read(&mut exchange).await.unwrap();
+        assert_eq!(data.len(), big.len());
+        assert_eq!(data, big);
+        assert!(trailers.is_some());
+    }
+}
+
+/// A worker that answers while it reads (each chunk echoed at once), with a
+/// request larger than the agent's windows and both sockets' buffers: both
+/// directions are in flight at once, each within its flow control.
+#[tokio::test]
+async fn a_request_and_an_answer_in_flight_at_once_cross_intact() {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .initial_window_size(32 << 20)
+        .initial_connection_window_size(32 << 20);
+    let (address, _) = worker(
+        builder,
+        |req: Request<RecvStream>, mut respond| async move {
+            let mut recv = req.into_body();
+            let mut send = respond.send_response(Response::new(()), false).unwrap();
+            while let Some(chunk) = recv.data().await {
+                let chunk = chunk.unwrap();
+                let _ = recv.flow_control().release_capacity(chunk.len());
+                send.reserve_capacity(chunk.len());
+                let mut rest = chunk;
+                while !rest.is_empty() {
+                    let n = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
+                    send.send_data(rest.split_to(n.min(rest.len())), false)
+                        .unwrap();
+                }
+            }
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            send.send_trailers(trailers).unwrap();
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let (mut exchange, _) = upstream
+        .call(&HeaderMap::new(), pattern(24 << 20))
+        .await
+        .unwrap();
+    let (data, trailers) = read(&mut exchange).await.unwrap();
+    assert_eq!(data.len(), 24 << 20);
+    assert_eq!(data, pattern(24 << 20));
+    assert!(trailers.is_some());
+}
+
+/// A request whose caller goes away is reset (CANCEL), and the worker sees
+/// it.
+#[tokio::test]
+async fn dropping_an_exchange_resets_its_stream() {
+    let (reset_tx, reset_rx) = tokio::sync::oneshot::channel();
+    let reset_tx = Arc::new(Mutex::new(Some(reset_tx)));
+    let (address, _) = worker(
+        h2::server::Builder::new(),
+        move |req: Request<RecvStream>, mut respond| {
+            let reset_tx = Arc::clone(&reset_tx);
+            async move {
+                drop(body(req.into_body()).await);
+                let reason = poll_fn(|cx| respond.poll_reset(cx)).await.unwrap();
+                if let Some(tx) = reset_tx.lock().unwrap().take() {
+                    let _ = tx.send(reason);
+                }
+            }
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let exchange = upstream.send(&HeaderMap::new(), pattern(10)).await.unwrap();
+    drop(exchange);
+    assert_eq!(reset_rx.await.unwrap(), h2::Reason::CANCEL);
+}
+
+/// A worker that closes its connection (a restart, an idle timeout) costs
+/// no request: the next one makes a new connection.
+#[tokio::test]
+async fn a_closed_connection_is_made_again() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut conn = h2::server::handshake(tcp).await.unwrap();
+                // One request per connection, then the connection closes.
+                if let Some(Ok((req, respond))) = conn.accept().await {
+                    let data = body(req.into_body()).await;
+                    answer(respond, data);
+                }
+                conn.graceful_shutdown();
+                while conn.accept().await.is_some() {}
+            });
+        }
+    });
+    let upstream = client(address);
+    for i in 0..5 {
+        // The closed connection is noticed by the time the next request
+        // goes, or the request is refused and the next one reconnects.
+        let mut result = None;
+        for _ in 0..2 {
+            let attempt = async {
+                let mut exchange = upstream.send(&HeaderMap::new(), pattern(100 + i)).await?;
+                exchange.head().await?;
+                Ok::<_, UpstreamError>(read(&mut exchange).await?)
+            };
+            match attempt.await {
+                Ok(r) => {
+                    result = Some(r);
+                    break;
+                }
+                Err(e) => assert!(
+                    matches!(
+                        e,
+                        UpstreamError::Failed(Failure::Refused | Failure::Connection(_))
+                    ),
+                    "{e}"
+                ),
+            }
+        }
+        let (data, _) = result.expect("a second attempt goes on a new connection");
+        assert_eq!(data, pattern(100 + i));
+    }
+}
+
+/// A worker allowing one stream at a time still serves eight concurrent
+/// requests: each waits for room.
+#[tokio::test]
+async fn requests_beyond_the_workers_stream_limit_wait_for_room() {
+    let mut builder = h2::server::Builder::new();
+    builder.max_concurrent_streams(1);
+    let (address, connections) = echo(builder).await;
+    let upstream = client(address);
+    let mut calls = Vec::new();
+    for i in 0..8 {
+        let upstream = upstream.clone();
+        calls.push(tokio::spawn(async move {
+            // Sent before the worker's limit is known, a stream may be
+            // refused; `call` sends it again.
+            let (mut exchange, _) = upstream
+                .call(&HeaderMap::new(), pattern(i + 1))
+                .await
+                .unwrap();
+            read(&mut exchange).await.unwrap().0
+        }));
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        assert_eq!(call.await.unwrap(), pattern(i + 1));
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 1, "one connection");
+}
+
+/// An answer with its status in the headers ends the stream there.
+#[tokio::test]
+async fn a_trailers_only_answer_ends_at_its_headers() {
+    let (address, _) = worker(
+        h2::server::Builder::new(),
+        |req: Request<RecvStream>, mut respond| async move {
+            drop(body(req.into_body()).await);
+            let mut resp = Response::new(());
+            resp.headers_mut()
+                .insert("grpc-status", HeaderValue::from_static("5"));
+            respond.send_response(resp, true).unwrap();
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let mut exchange = upstream.send(&HeaderMap::new(), pattern(10)).await.unwrap();
+    let head = exchange.head().await.unwrap();
+    assert!(head.end);
+    assert_eq!(head.headers["grpc-status"], "5");
+}
+
+/// A worker that breaks the protocol (a push with push disabled) loses the
+/// connection; the request on it fails instead of hanging.
+#[test]
+fn a_protocol_error_fails_the_connection_and_its_streams() {
+    let mut conn = Conn::new("127.0.0.1:1", crate::grpc::MODEL_INFER_PATH);
+    let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
+    let mut buf = BytesMut::new();
+    wire::put_head(
+        &mut buf,
+        4,
+        wire::kind::PUSH_PROMISE,
+        wire::flag::END_HEADERS,
+        id,
+    );
+    buf.put_u32(2);
+    let mut wake = Vec::new();
+    conn.on_read(&mut buf, &mut wake);
+    assert!(conn.is_failed());
+    let waker = futures_util::task::noop_waker();
+    assert!(matches!(
+        conn.poll_head(id, &waker),
+        Some(Err(Failure::Connection(_)))
+    ));
+    assert_eq!(
+        conn.open(&HeaderMap::new(), Bytes::new()),
+        Err(Refusal::Closed)
+    );
+}
+
+/// DATA beyond the window the agent granted is a flow-control error.
+#[test]
+fn data_beyond_the_granted_window_fails_the_connection() {
+    let mut conn = Conn::new("127.0.0.1:1", crate::grpc::MODEL_INFER_PATH);
+    let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
+    let mut buf = BytesMut::new();
+    // :status 200 (static index 8).
+    wire::put_head(
+        &mut buf,
+        1,
+        wire::kind::HEADERS,
+        wire::flag::END_HEADERS,
+        id,
+    );
+    buf.put_u8(0x88);
+    let mut wake = Vec::new();
+    conn.on_read(&mut buf, &mut wake);
+    let waker = futures_util::task::noop_waker();
+    assert_eq!(conn.poll_head(id, &waker).unwrap().unwrap().status, 200);
+    // 4 MiB of window, then one byte more, in 16 KiB frames.
+    let frame = vec![0u8; wire::DEFAULT_MAX_FRAME];
+    for _ in 0..(conn::STREAM_WINDOW as usize / wire::DEFAULT_MAX_FRAME) {
+        wire::put_head(&mut buf, frame.len(), wire::kind::DATA, 0, id);
+        buf.put_slice(&frame);
+    }
+    conn.on_read(&mut buf, &mut wake);
+    assert!(!conn.is_failed(), "exactly the window is allowed");
+    wire::put_head(&mut buf, 1, wire::kind::DATA, 0, id);
+    buf.put_u8(0);
+    conn.on_read(&mut buf, &mut wake);
+    assert!(conn.is_failed());
+}

@@ -1,0 +1,306 @@
+//! HTTP/2 frames and the HPACK encoding the agent writes towards a worker
+//! (RFC 9113, RFC 7541). Pure functions over byte buffers.
+//!
+//! Header blocks are encoded with the static table and literals only: no
+//! dynamic table, so nothing is looked up or inserted per header and the
+//! worker's decoder state never depends on earlier requests. Values marked
+//! sensitive are sent as never-indexed literals, as `h2` does.
+
+use bytes::{BufMut, BytesMut};
+use http::HeaderMap;
+
+/// Length of a frame header.
+pub const HEADER_LEN: usize = 9;
+/// The client connection preface.
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The largest frame payload before SETTINGS_MAX_FRAME_SIZE is raised; the
+/// agent never raises it.
+pub const DEFAULT_MAX_FRAME: usize = 16_384;
+/// A window's initial size before SETTINGS say otherwise.
+pub const DEFAULT_WINDOW: i64 = 65_535;
+/// The largest a flow-control window may become.
+pub const MAX_WINDOW: i64 = (1 << 31) - 1;
+
+pub mod kind {
+    pub const DATA: u8 = 0x0;
+    pub const HEADERS: u8 = 0x1;
+    pub const PRIORITY: u8 = 0x2;
+    pub const RST_STREAM: u8 = 0x3;
+    pub const SETTINGS: u8 = 0x4;
+    pub const PUSH_PROMISE: u8 = 0x5;
+    pub const PING: u8 = 0x6;
+    pub const GOAWAY: u8 = 0x7;
+    pub const WINDOW_UPDATE: u8 = 0x8;
+    pub const CONTINUATION: u8 = 0x9;
+}
+
+pub mod flag {
+    pub const END_STREAM: u8 = 0x1;
+    pub const ACK: u8 = 0x1;
+    pub const END_HEADERS: u8 = 0x4;
+    pub const PADDED: u8 = 0x8;
+    pub const PRIORITY: u8 = 0x20;
+}
+
+pub mod setting {
+    pub const HEADER_TABLE_SIZE: u16 = 0x1;
+    pub const ENABLE_PUSH: u16 = 0x2;
+    pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    pub const INITIAL_WINDOW_SIZE: u16 = 0x4;
+    pub const MAX_FRAME_SIZE: u16 = 0x5;
+}
+
+/// Error codes (RFC 9113 §7).
+pub mod code {
+    pub const NO_ERROR: u32 = 0x0;
+    pub const PROTOCOL_ERROR: u32 = 0x1;
+    pub const FLOW_CONTROL_ERROR: u32 = 0x3;
+    pub const FRAME_SIZE_ERROR: u32 = 0x6;
+    pub const REFUSED_STREAM: u32 = 0x7;
+    pub const CANCEL: u32 = 0x8;
+    pub const COMPRESSION_ERROR: u32 = 0x9;
+}
+
+/// A frame header as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+}
+
+/// Parses the frame header at the start of `buf` (at least [`HEADER_LEN`]
+/// bytes).
+pub fn parse_head(buf: &[u8]) -> Head {
+    Head {
+        len: (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]),
+        kind: buf[3],
+        flags: buf[4],
+        stream: u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]) & 0x7fff_ffff,
+    }
+}
+
+/// Appends a frame header.
+pub fn put_head(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream: u32) {
+    debug_assert!(len < 1 << 24);
+    out.put_u8((len >> 16) as u8);
+    out.put_u16(len as u16);
+    out.put_u8(kind);
+    out.put_u8(flags);
+    out.put_u32(stream & 0x7fff_ffff);
+}
+
+/// Appends a SETTINGS frame with `values`.
+pub fn put_settings(out: &mut BytesMut, values: &[(u16, u32)]) {
+    put_head(out, values.len() * 6, kind::SETTINGS, 0, 0);
+    for &(id, value) in values {
+        out.put_u16(id);
+        out.put_u32(value);
+    }
+}
+
+/// Appends a WINDOW_UPDATE frame.
+pub fn put_window_update(out: &mut BytesMut, stream: u32, increment: u32) {
+    put_head(out, 4, kind::WINDOW_UPDATE, 0, stream);
+    out.put_u32(increment & 0x7fff_ffff);
+}
+
+/// Appends an RST_STREAM frame.
+pub fn put_reset(out: &mut BytesMut, stream: u32, error: u32) {
+    put_head(out, 4, kind::RST_STREAM, 0, stream);
+    out.put_u32(error);
+}
+
+/// Appends a GOAWAY frame.
+pub fn put_goaway(out: &mut BytesMut, last_stream: u32, error: u32) {
+    put_head(out, 8, kind::GOAWAY, 0, 0);
+    out.put_u32(last_stream & 0x7fff_ffff);
+    out.put_u32(error);
+}
+
+/// Strips the padding of a DATA or HEADERS payload (and, for HEADERS with
+/// the PRIORITY flag, its priority fields): the range of what is left.
+pub fn unpad(payload: &[u8], flags: u8, kind: u8) -> Option<std::ops::Range<usize>> {
+    let mut start = 0;
+    let mut end = payload.len();
+    if flags & flag::PADDED != 0 {
+        let pad = usize::from(*payload.first()?);
+        start = 1;
+        end = end.checked_sub(pad)?;
+    }
+    if kind == kind::HEADERS && flags & flag::PRIORITY != 0 {
+        start += 5;
+    }
+    (start <= end).then_some(start..end)
+}
+
+/// Appends an HPACK integer with an `n`-bit prefix whose high bits are
+/// `first` (RFC 7541 §5.1).
+fn put_int(out: &mut BytesMut, first: u8, n: u8, mut value: usize) {
+    let max = (1usize << n) - 1;
+    if value < max {
+        out.put_u8(first | value as u8);
+        return;
+    }
+    out.put_u8(first | max as u8);
+    value -= max;
+    while value >= 128 {
+        out.put_u8((value % 128) as u8 | 0x80);
+        value /= 128;
+    }
+    out.put_u8(value as u8);
+}
+
+/// Appends a string literal without Huffman coding.
+fn put_str(out: &mut BytesMut, s: &[u8]) {
+    put_int(out, 0, 7, s.len());
+    out.put_slice(s);
+}
+
+/// Appends a header field from the static table, indexed whole.
+pub fn put_indexed(out: &mut BytesMut, index: usize) {
+    put_int(out, 0x80, 7, index);
+}
+
+/// Appends a literal field whose name is static-table entry `index`;
+/// never indexed when `sensitive`.
+pub fn put_literal_indexed_name(out: &mut BytesMut, index: usize, value: &[u8], sensitive: bool) {
+    put_int(out, if sensitive { 0x10 } else { 0 }, 4, index);
+    put_str(out, value);
+}
+
+/// Appends a literal field with a literal name.
+pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
+    out.put_u8(if sensitive { 0x10 } else { 0 });
+    put_str(out, name);
+    put_str(out, value);
+}
+
+/// Static-table index of the names the agent sends often.
+fn static_name(name: &str) -> Option<usize> {
+    Some(match name {
+        "content-type" => 31,
+        "user-agent" => 58,
+        "accept-encoding" => 16,
+        "authorization" => 23,
+        _ => return None,
+    })
+}
+
+/// Appends the header block of a POST to `path` at `authority`, with
+/// `headers` (lower-case names, as `http` keeps them).
+pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], headers: &HeaderMap) {
+    put_indexed(out, 3); // :method POST
+    put_indexed(out, 6); // :scheme http
+    put_literal_indexed_name(out, 4, path, false);
+    put_literal_indexed_name(out, 1, authority, false);
+    for (name, value) in headers {
+        let sensitive = value.is_sensitive();
+        match static_name(name.as_str()) {
+            Some(i) => put_literal_indexed_name(out, i, value.as_bytes(), sensitive),
+            None => put_literal(out, name.as_str().as_bytes(), value.as_bytes(), sensitive),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn integers_use_the_prefix_then_continuation_bytes() {
+        // RFC 7541 C.1.1 and C.1.2.
+        let mut out = BytesMut::new();
+        put_int(&mut out, 0, 5, 10);
+        assert_eq!(&out[..], &[10]);
+        out.clear();
+        put_int(&mut out, 0, 5, 1337);
+        assert_eq!(&out[..], &[31, 154, 10]);
+        out.clear();
+        put_int(&mut out, 0x80, 7, 127);
+        assert_eq!(&out[..], &[0xff, 0]);
+    }
+
+    #[test]
+    fn a_request_block_decodes_to_what_was_encoded() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+        headers.insert("te", HeaderValue::from_static("trailers"));
+        let mut timeout = HeaderValue::from_static("1234u");
+        timeout.set_sensitive(true);
+        headers.insert("grpc-timeout", timeout);
+        let long = "x".repeat(300);
+        headers.insert("x-long", HeaderValue::from_str(&long).unwrap());
+        let mut out = BytesMut::new();
+        put_request_block(
+            &mut out,
+            b"127.0.0.1:8001",
+            b"/inference.GRPCInferenceService/ModelInfer",
+            &headers,
+        );
+        let mut decoder = loona_hpack::Decoder::new();
+        let fields: Vec<(String, String)> = decoder
+            .decode(&out)
+            .unwrap()
+            .into_iter()
+            .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+            .collect();
+        let want = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            (":authority", "127.0.0.1:8001"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("grpc-timeout", "1234u"),
+            ("x-long", long.as_str()),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(fields, want);
+        // Nothing was added to the decoder's dynamic table: a second block
+        // decodes alone.
+        let mut again = loona_hpack::Decoder::new();
+        assert_eq!(again.decode(&out).unwrap().len(), 8);
+    }
+
+    #[test]
+    fn sensitive_values_are_never_indexed_literals() {
+        let mut out = BytesMut::new();
+        put_literal(&mut out, b"grpc-timeout", b"5u", true);
+        assert_eq!(out[0], 0x10);
+        out.clear();
+        put_literal_indexed_name(&mut out, 31, b"application/grpc", true);
+        assert_eq!(out[0], 0x1f);
+        assert_eq!(out[1], 16, "the index continues past the 4-bit prefix");
+    }
+
+    #[test]
+    fn frame_heads_round_trip() {
+        let mut out = BytesMut::new();
+        put_head(&mut out, 70_000, kind::DATA, flag::END_STREAM, 0x8000_0003);
+        assert_eq!(
+            parse_head(&out),
+            Head {
+                len: 70_000,
+                kind: kind::DATA,
+                flags: flag::END_STREAM,
+                stream: 3
+            }
+        );
+    }
+
+    #[test]
+    fn padding_and_priority_are_stripped() {
+        // Pad length 2, priority 5 bytes, 3 bytes of block, 2 of padding.
+        let payload = [2, 0, 0, 0, 0, 9, b'a', b'b', b'c', 0, 0];
+        let range = unpad(&payload, flag::PADDED | flag::PRIORITY, kind::HEADERS).unwrap();
+        assert_eq!(&payload[range], b"abc");
+        assert_eq!(unpad(&[9, 1], flag::PADDED, kind::DATA), None);
+        assert_eq!(unpad(b"xy", 0, kind::DATA), Some(0..2));
+    }
+}
