@@ -106,8 +106,18 @@ impl InferPath {
         }
     }
 
-    /// Answers one `ModelInfer` request.
+    /// Answers one `ModelInfer` request that came over HTTP/2.
     pub async fn call<B>(&self, req: Request<B>) -> Response<FrontBody>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        self.call_via(req, TransportPath::Grpc).await
+    }
+
+    /// Answers one `ModelInfer` request; inline tensors count as `via` in
+    /// `infermesh_transport_requests_total`.
+    pub async fn call_via<B>(&self, req: Request<B>, via: TransportPath) -> Response<FrontBody>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
@@ -120,7 +130,7 @@ impl InferPath {
         // Off unless an OTLP endpoint is set (crate::trace).
         let span = crate::trace::request_span(&parts.headers);
         let result = self
-            .serve(&parts, body, started, deadline, ticket, &mut model)
+            .serve(&parts, body, via, started, deadline, ticket, &mut model)
             .instrument(span.clone())
             .await;
         match result {
@@ -141,6 +151,7 @@ impl InferPath {
         &self,
         parts: &http::request::Parts,
         body: B,
+        via: TransportPath,
         started: Instant,
         deadline: Option<Instant>,
         ticket: Ticket,
@@ -195,7 +206,7 @@ impl InferPath {
         drop(req);
         let lease = self.pool.acquire(id, None, deadline).await?;
         crate::trace::record("worker", &lease.worker().id());
-        self.metrics.transport(TransportPath::Grpc);
+        self.metrics.transport(via);
         let process = Arc::clone(lease.process());
         let headers = upstream_head(&parts.headers, deadline)?;
         let unreachable = |e: &dyn std::fmt::Display| -> Status {

@@ -43,14 +43,17 @@ pub enum TransportPath {
     ShmInline,
     /// The agent moves them by RDMA.
     Rdma,
+    /// Inline, in a QUIC request frame (`[transport] quic`).
+    Quic,
 }
 
 impl TransportPath {
-    const ALL: [TransportPath; 4] = [
+    const ALL: [TransportPath; 5] = [
         TransportPath::Grpc,
         TransportPath::ShmPassthrough,
         TransportPath::ShmInline,
         TransportPath::Rdma,
+        TransportPath::Quic,
     ];
 
     /// Its label value.
@@ -60,6 +63,7 @@ impl TransportPath {
             TransportPath::ShmPassthrough => "shm_passthrough",
             TransportPath::ShmInline => "shm_inline",
             TransportPath::Rdma => "rdma",
+            TransportPath::Quic => "quic",
         }
     }
 }
@@ -109,7 +113,7 @@ pub struct Metrics {
     health_checks: Family<Labels, Counter>,
     health_pass: Family<Labels, Gauge>,
     health_latency: Family<Labels, Histogram>,
-    transport: [Counter; 4],
+    transport: [Counter; TransportPath::ALL.len()],
     node_state: Family<Labels, Gauge>,
     /// Set once every worker's zero-valued series exist.
     workers_primed: OnceLock<()>,
@@ -146,7 +150,7 @@ impl Metrics {
         let transport_family = Family::<Labels, Counter>::default();
         registry.register(
             "transport_requests",
-            "Inference requests by how their tensors arrived: grpc (inline), shm_passthrough (worker reads the client's shared memory), shm_inline (the agent copies), rdma",
+            "Inference requests by how their tensors arrived: grpc (inline), shm_passthrough (worker reads the client's shared memory), shm_inline (the agent copies), rdma, quic (inline, over the QUIC rung)",
             transport_family.clone(),
         );
         let transport = TransportPath::ALL.map(|p| {

@@ -301,7 +301,10 @@ async fn pass_through(
         let value = http::HeaderValue::from_str(&format!("{timeout_ms}m")).expect("digits");
         req.headers_mut().insert("grpc-timeout", value);
     }
-    let (head, mut body) = infer.call(req).await.into_parts();
+    let (head, mut body) = infer
+        .call_via(req, crate::metrics::TransportPath::Quic)
+        .await
+        .into_parts();
     let mut message = Vec::new();
     let mut trailers = None;
     let internal = |why: String| Answer::Status(tonic::Code::Internal as i32, why);

@@ -6,7 +6,7 @@
 
 use infermesh_client::{Client, PathsConfig};
 use infermesh_proto::registry::{NodeRecord, NodeState, node_path};
-use infermesh_proto::tls::ClientTls;
+use infermesh_proto::tls::{ClientTls, TlsConnector};
 use infermesh_tests::certs::Pki;
 use infermesh_tests::zk::Zk;
 use infermesh_tests::{Agent, dense, eventually, testworker};
@@ -15,7 +15,7 @@ use zookeeper_client as zk;
 
 /// Starts an agent with TLS, client certificates and the QUIC rung, and a
 /// client with the certificate of an allowed client preferring QUIC.
-async fn setup(zk: &Zk, test: &str) -> (Agent, Client, zk::Client, NodeRecord) {
+async fn setup(zk: &Zk, test: &str) -> (Agent, Client, zk::Client, NodeRecord, ClientTls) {
     let dir = std::env::temp_dir().join(format!("infermesh-quic-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let pki = Pki::new(&dir, "fleet");
@@ -45,7 +45,7 @@ async fn setup(zk: &Zk, test: &str) -> (Agent, Client, zk::Client, NodeRecord) {
         .registry(zk.url("/im"))
         .service("q")
         .seed(3)
-        .tls(tls)
+        .tls(tls.clone())
         .transports(PathsConfig {
             prefer: vec![Path::Quic, Path::Grpc],
             ..Default::default()
@@ -62,7 +62,7 @@ async fn setup(zk: &Zk, test: &str) -> (Agent, Client, zk::Client, NodeRecord) {
         (r.state == NodeState::Serving && r.models.iter().any(|m| m.ready)).then_some(r)
     })
     .await;
-    (agent, client, zk, record)
+    (agent, client, zk, record, tls)
 }
 
 async fn send(client: &Client, n: usize) {
@@ -79,7 +79,7 @@ async fn send(client: &Client, n: usize) {
 #[tokio::test]
 async fn requests_take_quic_when_both_ends_offer_it() {
     let zk = Zk::start().await;
-    let (_agent, client, _zk, record) = setup(&zk, "used").await;
+    let (agent, client, _zk, record, tls) = setup(&zk, "used").await;
     assert!(record.endpoints.tls);
     let quic = record.endpoints.quic.as_deref().expect("QUIC advertised");
     assert_eq!(
@@ -109,12 +109,44 @@ async fn requests_take_quic_when_both_ends_offer_it() {
     }
     let c = client.path_counters();
     assert_eq!(c.get(Path::Grpc).attempts, 0, "{c:?}");
+    // The agent counts them as QUIC (the rejected one never reached a
+    // worker).
+    let metrics = metrics_over_tls(&agent, &tls).await;
+    for (path, n) in [("quic", 50), ("grpc", 0)] {
+        let line = format!("infermesh_transport_requests_total{{path=\"{path}\"}} {n}\n");
+        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
+    }
+}
+
+/// The agent's `/metrics` over its TLS admin port (HTTP/2, the client's
+/// certificate).
+async fn metrics_over_tls(agent: &Agent, tls: &ClientTls) -> String {
+    let io = TlsConnector::new(tls, None)
+        .connect("127.0.0.1", agent.admin.port())
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("https://127.0.0.1:{}/metrics", agent.admin.port()))
+        .body(())
+        .unwrap();
+    let (resp, _) = send.ready().await.unwrap().send_request(req, true).unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        text.extend_from_slice(&chunk);
+    }
+    String::from_utf8(text).unwrap()
 }
 
 #[tokio::test]
 async fn blocked_or_closed_quic_ports_fall_back_to_grpc_without_failures() {
     let zk = Zk::start().await;
-    let (_agent, client, zk_client, record) = setup(&zk, "fallback").await;
+    let (_agent, client, zk_client, record, _) = setup(&zk, "fallback").await;
     // Two more nodes with the real agent's gRPC endpoint but a QUIC port
     // that never answers (a bound UDP socket that reads nothing) and one
     // that is closed.
