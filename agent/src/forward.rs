@@ -66,6 +66,13 @@ pub struct InferPath {
     budget: Arc<Semaphore>,
 }
 
+/// How and when a request arrived.
+struct Arrival {
+    via: TransportPath,
+    started: Instant,
+    deadline: Option<Instant>,
+}
+
 /// Headers of the caller's request that do not travel to the worker.
 fn hop_only(name: &HeaderName) -> bool {
     matches!(
@@ -130,7 +137,17 @@ impl InferPath {
         // Off unless an OTLP endpoint is set (crate::trace).
         let span = crate::trace::request_span(&parts.headers);
         let result = self
-            .serve(&parts, body, via, started, deadline, ticket, &mut model)
+            .serve(
+                &parts,
+                body,
+                Arrival {
+                    via,
+                    started,
+                    deadline,
+                },
+                ticket,
+                &mut model,
+            )
             .instrument(span.clone())
             .await;
         match result {
@@ -151,9 +168,7 @@ impl InferPath {
         &self,
         parts: &http::request::Parts,
         body: B,
-        via: TransportPath,
-        started: Instant,
-        deadline: Option<Instant>,
+        arrival: Arrival,
         ticket: Ticket,
         model: &mut Option<crate::models::ModelId>,
     ) -> Result<Response<FrontBody>, Status>
@@ -161,6 +176,11 @@ impl InferPath {
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
     {
+        let Arrival {
+            via,
+            started,
+            deadline,
+        } = arrival;
         if parts
             .headers
             .get("grpc-encoding")
