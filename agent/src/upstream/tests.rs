@@ -54,9 +54,23 @@ async fn body(mut recv: RecvStream) -> Bytes {
 fn answer(mut respond: SendResponse<Bytes>, data: Bytes) {
     let mut send = respond.send_response(Response::new(()), false).unwrap();
     send.send_data(data, false).unwrap();
+    send.send_trailers(ok_trailers()).unwrap();
+}
+
+fn ok_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
-    send.send_trailers(trailers).unwrap();
+    trailers
+}
+
+/// Sends `data` as the agent's windows allow.
+async fn send_within_window(send: &mut h2::SendStream<Bytes>, mut data: Bytes) {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let n = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
+        send.send_data(data.split_to(n.min(data.len())), false)
+            .unwrap();
+    }
 }
 
 /// An echo worker: answers each request with its body.
@@ -147,16 +161,8 @@ async fn an_answer_larger_than_the_agents_windows_arrives_whole() {
             async move {
                 drop(body(req.into_body()).await);
                 let mut send = respond.send_response(Response::new(()), false).unwrap();
-                let mut rest = big;
-                while !rest.is_empty() {
-                    send.reserve_capacity(rest.len());
-                    let n = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
-                    send.send_data(rest.split_to(n.min(rest.len())), false)
-                        .unwrap();
-                }
-                let mut trailers = HeaderMap::new();
-                trailers.insert("grpc-status", HeaderValue::from_static("0"));
-                send.send_trailers(trailers).unwrap();
+                send_within_window(&mut send, big).await;
+                send.send_trailers(ok_trailers()).unwrap();
             }
         }
     })
@@ -189,17 +195,9 @@ async fn a_request_and_an_answer_in_flight_at_once_cross_intact() {
             while let Some(chunk) = recv.data().await {
                 let chunk = chunk.unwrap();
                 let _ = recv.flow_control().release_capacity(chunk.len());
-                send.reserve_capacity(chunk.len());
-                let mut rest = chunk;
-                while !rest.is_empty() {
-                    let n = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
-                    send.send_data(rest.split_to(n.min(rest.len())), false)
-                        .unwrap();
-                }
+                send_within_window(&mut send, chunk).await;
             }
-            let mut trailers = HeaderMap::new();
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            send.send_trailers(trailers).unwrap();
+            send.send_trailers(ok_trailers()).unwrap();
         },
     )
     .await;
@@ -339,23 +337,35 @@ async fn a_trailers_only_answer_ends_at_its_headers() {
     assert_eq!(head.headers["grpc-status"], "5");
 }
 
+/// A connection state with one request sent on it, and its stream id.
+fn one_stream() -> (Conn, u32) {
+    let mut conn = Conn::new("127.0.0.1:1", crate::grpc::MODEL_INFER_PATH);
+    let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
+    (conn, id)
+}
+
+/// Hands `conn` one frame, as if read from the worker.
+fn feed(conn: &mut Conn, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    let mut buf = BytesMut::new();
+    wire::put_head(&mut buf, payload.len(), kind, flags, stream);
+    buf.put_slice(payload);
+    conn.on_read(&mut buf, &mut Vec::new());
+}
+
 /// A worker that breaks the protocol (a push with push disabled) loses the
 /// connection; the request on it fails instead of hanging.
 #[test]
 fn a_protocol_error_fails_the_connection_and_its_streams() {
-    let mut conn = Conn::new("127.0.0.1:1", crate::grpc::MODEL_INFER_PATH);
-    let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
-    let mut buf = BytesMut::new();
-    wire::put_head(
-        &mut buf,
-        4,
+    let (mut conn, id) = one_stream();
+    // Promising stream 2.
+    let promise = [0, 0, 0, 2];
+    feed(
+        &mut conn,
         wire::kind::PUSH_PROMISE,
         wire::flag::END_HEADERS,
         id,
+        &promise,
     );
-    buf.put_u32(2);
-    let mut wake = Vec::new();
-    conn.on_read(&mut buf, &mut wake);
     assert!(conn.is_failed());
     let waker = futures_util::task::noop_waker();
     assert!(matches!(
@@ -371,32 +381,23 @@ fn a_protocol_error_fails_the_connection_and_its_streams() {
 /// DATA beyond the window the agent granted is a flow-control error.
 #[test]
 fn data_beyond_the_granted_window_fails_the_connection() {
-    let mut conn = Conn::new("127.0.0.1:1", crate::grpc::MODEL_INFER_PATH);
-    let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
-    let mut buf = BytesMut::new();
+    let (mut conn, id) = one_stream();
     // :status 200 (static index 8).
-    wire::put_head(
-        &mut buf,
-        1,
+    feed(
+        &mut conn,
         wire::kind::HEADERS,
         wire::flag::END_HEADERS,
         id,
+        &[0x88],
     );
-    buf.put_u8(0x88);
-    let mut wake = Vec::new();
-    conn.on_read(&mut buf, &mut wake);
     let waker = futures_util::task::noop_waker();
     assert_eq!(conn.poll_head(id, &waker).unwrap().unwrap().status, 200);
     // 4 MiB of window, then one byte more, in 16 KiB frames.
     let frame = vec![0u8; wire::DEFAULT_MAX_FRAME];
     for _ in 0..(conn::STREAM_WINDOW as usize / wire::DEFAULT_MAX_FRAME) {
-        wire::put_head(&mut buf, frame.len(), wire::kind::DATA, 0, id);
-        buf.put_slice(&frame);
+        feed(&mut conn, wire::kind::DATA, 0, id, &frame);
     }
-    conn.on_read(&mut buf, &mut wake);
     assert!(!conn.is_failed(), "exactly the window is allowed");
-    wire::put_head(&mut buf, 1, wire::kind::DATA, 0, id);
-    buf.put_u8(0);
-    conn.on_read(&mut buf, &mut wake);
+    feed(&mut conn, wire::kind::DATA, 0, id, &[0]);
     assert!(conn.is_failed());
 }
