@@ -8,8 +8,9 @@ use tonic::Status;
 use crate::pool::Pool;
 use crate::trailer::{FrontBody, add_report};
 
-/// The path of `ModelInfer`.
-pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+/// The path of `ModelInfer` (kept with the upstream connection, which
+/// sits in a lower layer and sends it).
+pub use crate::upstream::wire::MODEL_INFER_PATH;
 /// Bytes before each message: compressed flag and big-endian length.
 pub const FRAME_HEADER: usize = 5;
 

@@ -240,10 +240,7 @@ impl Upstream {
             .map_err(|e| UpstreamError::Connect(address, e))?;
         let _ = tcp.set_nodelay(true);
         let shared = Arc::new(Shared {
-            conn: Mutex::new(Conn::new(
-                &self.inner.authority,
-                crate::grpc::MODEL_INFER_PATH,
-            )),
+            conn: Mutex::new(Conn::new(&self.inner.authority, wire::MODEL_INFER_PATH)),
             tcp,
             write_wanted: Notify::new(),
             room: Notify::new(),

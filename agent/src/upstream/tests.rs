@@ -109,7 +109,7 @@ async fn a_request_and_its_answer_cross_intact() {
         |req: Request<RecvStream>, respond| async move {
             let (parts, recv) = req.into_parts();
             assert_eq!(parts.method, http::Method::POST);
-            assert_eq!(parts.uri.path(), crate::grpc::MODEL_INFER_PATH);
+            assert_eq!(parts.uri.path(), wire::MODEL_INFER_PATH);
             assert_eq!(parts.headers["te"], "trailers");
             assert_eq!(parts.headers["x-request-id"], "abc");
             let data = body(recv).await;
@@ -339,7 +339,7 @@ async fn a_trailers_only_answer_ends_at_its_headers() {
 
 /// A connection state with one request sent on it, and its stream id.
 fn one_stream() -> (Conn, u32) {
-    let mut conn = Conn::new("127.0.0.1:1", crate::grpc::MODEL_INFER_PATH);
+    let mut conn = Conn::new("127.0.0.1:1", wire::MODEL_INFER_PATH);
     let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
     (conn, id)
 }

@@ -9,6 +9,8 @@
 use bytes::{BufMut, BytesMut};
 use http::HeaderMap;
 
+/// The path of `ModelInfer`, the one method sent on these connections.
+pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 /// Length of a frame header.
 pub const HEADER_LEN: usize = 9;
 /// The client connection preface.
