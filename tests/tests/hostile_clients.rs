@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use infermesh_agent::upstream::wire::{self, flag, kind};
 use infermesh_proto::inference::infer_parameter::ParameterChoice;
 use infermesh_proto::inference::model_infer_request::InferRequestedOutputTensor;
 use infermesh_proto::inference::{
@@ -408,23 +409,43 @@ async fn stalled_huge_requests_are_refused_or_timed_out_and_memory_stays_bounded
 
 /// One raw HTTP/2 frame: 9-byte header, then `payload`.
 fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = Vec::with_capacity(9 + payload.len());
-    f.extend_from_slice(&len.to_be_bytes()[1..]);
-    f.extend_from_slice(&[kind, flags]);
-    f.extend_from_slice(&stream.to_be_bytes());
+    let mut f = bytes::BytesMut::with_capacity(wire::HEADER_LEN + payload.len());
+    wire::put_head(&mut f, payload.len(), kind, flags, stream);
     f.extend_from_slice(payload);
-    f
+    f.to_vec()
 }
 
 /// Reads one frame: (type, flags, payload); None at end of stream.
 async fn read_h2_frame(tcp: &mut tokio::net::TcpStream) -> Option<(u8, u8, Vec<u8>)> {
-    let mut head = [0u8; 9];
+    let mut head = [0u8; wire::HEADER_LEN];
     tcp.read_exact(&mut head).await.ok()?;
-    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-    let mut payload = vec![0u8; len];
+    let head = wire::parse_head(&head);
+    let mut payload = vec![0u8; head.len];
     tcp.read_exact(&mut payload).await.ok()?;
-    Some((head[3], head[4], payload))
+    Some((head.kind, head.flags, payload))
+}
+
+/// A raw HTTP/2 connection to the agent: preface and empty SETTINGS sent.
+async fn raw_h2(agent: &Agent) -> tokio::net::TcpStream {
+    let mut tcp = tokio::net::TcpStream::connect(agent.oip).await.unwrap();
+    tcp.write_all(wire::PREFACE).await.unwrap();
+    tcp.write_all(&h2_frame(kind::SETTINGS, 0, 0, &[]))
+        .await
+        .unwrap();
+    tcp
+}
+
+/// An agent that pings its clients every `interval` and gives up on one
+/// that has not answered within `timeout`.
+async fn keepalive_agent(interval: &str, timeout: &str) -> Agent {
+    Agent::builder()
+        .config(format!(
+            "[limits]\nkeepalive_interval = \"{interval}\"\nkeepalive_timeout = \"{timeout}\"\n\
+             [[workers]]\ncommand = \"{}\"\n",
+            testworker("")
+        ))
+        .start()
+        .await
 }
 
 /// A stall of the agent (SIGSTOP here; CPU starvation or a long pause in
@@ -439,59 +460,53 @@ async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
     use nix::unistd::Pid;
     const PILED: u32 = 300;
     let agent = Agent::builder().worker(testworker("")).start().await;
-    let mut tcp = tokio::net::TcpStream::connect(agent.oip).await.unwrap();
-    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .await
-        .unwrap();
-    tcp.write_all(&h2_frame(0x4, 0, 0, &[])).await.unwrap();
+    let mut tcp = raw_h2(&agent).await;
     // The agent's SETTINGS, acknowledged.
     loop {
-        let (kind, flags, _) = read_h2_frame(&mut tcp).await.expect("agent's SETTINGS");
-        if kind == 0x4 && flags & 0x1 == 0 {
+        let (k, flags, _) = read_h2_frame(&mut tcp).await.expect("agent's SETTINGS");
+        if k == kind::SETTINGS && flags & flag::ACK == 0 {
             break;
         }
     }
-    tcp.write_all(&h2_frame(0x4, 0x1, 0, &[])).await.unwrap();
+    tcp.write_all(&h2_frame(kind::SETTINGS, flag::ACK, 0, &[]))
+        .await
+        .unwrap();
 
     // A ModelInfer request head in HPACK without the dynamic table.
-    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
-    for (index, value) in [
-        (0x04u8, "/inference.GRPCInferenceService/ModelInfer"), // :path
-        (0x01, "localhost"),                                    // :authority
-        (0x0f, "application/grpc"),                             // content-type (index 31)
-    ] {
-        block.push(index);
-        if index == 0x0f {
-            block.push(31 - 15);
-        }
-        block.push(value.len() as u8);
-        block.extend_from_slice(value.as_bytes());
-    }
-    block.extend_from_slice(&[0x00, 2, b't', b'e', 8]);
-    block.extend_from_slice(b"trailers");
+    let mut metadata = http::HeaderMap::new();
+    metadata.insert("content-type", "application/grpc".parse().unwrap());
+    metadata.insert("te", "trailers".parse().unwrap());
+    let mut block = bytes::BytesMut::new();
+    wire::put_request_block(
+        &mut block,
+        b"localhost",
+        wire::MODEL_INFER_PATH.as_bytes(),
+        &metadata,
+    );
 
     let pid = Pid::from_raw(agent.pid() as i32);
     kill(pid, Signal::SIGSTOP).unwrap();
     let mut piled = Vec::new();
     for i in 0..PILED {
         let stream = 1 + 2 * i;
-        piled.extend(h2_frame(0x1, 0x4, stream, &block)); // HEADERS, END_HEADERS
-        piled.extend(h2_frame(0x3, 0, stream, &8u32.to_be_bytes())); // RST_STREAM CANCEL
+        piled.extend(h2_frame(kind::HEADERS, flag::END_HEADERS, stream, &block));
+        let cancel = wire::code::CANCEL.to_be_bytes();
+        piled.extend(h2_frame(kind::RST_STREAM, 0, stream, &cancel));
     }
     // In the socket before the agent runs again: it reads them in one go.
     tcp.write_all(&piled).await.unwrap();
     kill(pid, Signal::SIGCONT).unwrap();
 
-    tcp.write_all(&h2_frame(0x6, 0, 0, b"stalled!"))
+    tcp.write_all(&h2_frame(kind::PING, 0, 0, b"stalled!"))
         .await
         .unwrap();
     loop {
         match read_h2_frame(&mut tcp).await {
-            Some((0x6, flags, payload)) if flags & 0x1 == 0x1 => {
+            Some((kind::PING, flags, payload)) if flags & flag::ACK != 0 => {
                 assert_eq!(payload, b"stalled!");
                 break;
             }
-            Some((0x7, _, payload)) => {
+            Some((kind::GOAWAY, _, payload)) => {
                 let code = u32::from_be_bytes(payload[4..8].try_into().unwrap());
                 panic!("the agent closed the connection: GOAWAY with error code {code:#x}");
             }
@@ -517,14 +532,7 @@ async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
 /// for 3 s; no request may fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_pings_do_not_close_a_busy_connection() {
-    let agent = Agent::builder()
-        .config(format!(
-            "[limits]\nkeepalive_interval = \"100ms\"\nkeepalive_timeout = \"10s\"\n\
-             [[workers]]\ncommand = \"{}\"\n",
-            testworker("")
-        ))
-        .start()
-        .await;
+    let agent = keepalive_agent("100ms", "10s").await;
     // One tonic channel: one HTTP/2 connection for all callers.
     let client = agent.client().await;
     let until = tokio::time::Instant::now() + Duration::from_secs(3);
@@ -565,31 +573,22 @@ async fn keepalive_pings_do_not_close_a_busy_connection() {
 /// connection end after `keepalive_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_never_answers_pings_is_disconnected() {
-    let agent = Agent::builder()
-        .config(format!(
-            "[limits]\nkeepalive_interval = \"100ms\"\nkeepalive_timeout = \"300ms\"\n\
-             [[workers]]\ncommand = \"{}\"\n",
-            testworker("")
-        ))
-        .start()
-        .await;
-    let mut tcp = tokio::net::TcpStream::connect(agent.oip).await.unwrap();
-    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-        .await
-        .unwrap();
-    tcp.write_all(&h2_frame(0x4, 0, 0, &[])).await.unwrap();
+    let agent = keepalive_agent("100ms", "300ms").await;
+    let mut tcp = raw_h2(&agent).await;
     let mut pinged = false;
     let mut acked_settings = false;
     // Bounded only so that a regression fails instead of hanging.
     let ended = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             match read_h2_frame(&mut tcp).await {
-                Some((0x4, flags, _)) if flags & 0x1 == 0 && !acked_settings => {
-                    tcp.write_all(&h2_frame(0x4, 0x1, 0, &[])).await.unwrap();
+                Some((kind::SETTINGS, flags, _)) if flags & flag::ACK == 0 && !acked_settings => {
+                    tcp.write_all(&h2_frame(kind::SETTINGS, flag::ACK, 0, &[]))
+                        .await
+                        .unwrap();
                     acked_settings = true;
                 }
-                Some((0x6, flags, _)) if flags & 0x1 == 0 => pinged = true,
-                Some((0x7, _, _)) | None => return,
+                Some((kind::PING, flags, _)) if flags & flag::ACK == 0 => pinged = true,
+                Some((kind::GOAWAY, _, _)) | None => return,
                 Some(_) => {}
             }
         }
