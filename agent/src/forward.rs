@@ -23,7 +23,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use infermesh_proto::inference::ModelInferRequest;
@@ -43,6 +43,7 @@ use crate::inbox::Reporter;
 use crate::metrics::{Metrics, ModelMetrics, TransportPath};
 use crate::pool::{Lease, Pool, Ticket};
 use crate::trailer::{FrontBody, add_report};
+use crate::upstream::Metadata;
 
 /// Limits on what a caller may send.
 #[derive(Debug, Clone, Copy)]
@@ -71,21 +72,6 @@ struct Arrival {
     via: TransportPath,
     started: Instant,
     deadline: Option<Instant>,
-}
-
-/// Headers of the caller's request that do not travel to the worker.
-fn hop_only(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "te" | "grpc-timeout"
-            | "content-length"
-            | "host"
-            | "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "transfer-encoding"
-            | "upgrade"
-    )
 }
 
 impl InferPath {
@@ -228,7 +214,18 @@ impl InferPath {
         crate::trace::record("worker", &lease.worker().id());
         self.metrics.transport(via);
         let process = Arc::clone(lease.process());
-        let headers = upstream_head(&parts.headers, deadline)?;
+        let timeout = time_left(deadline)?;
+        // The worker's spans are children of this request's (when tracing).
+        let trace = crate::trace::enabled().then(|| {
+            let mut map = HeaderMap::new();
+            crate::trace::inject(&mut map);
+            map
+        });
+        let meta = Metadata {
+            caller: &parts.headers,
+            timeout,
+            extra: trace.as_ref(),
+        };
         let unreachable = |e: &dyn std::fmt::Display| -> Status {
             AgentError::WorkerUnreachable {
                 worker: lease.worker().id().to_string(),
@@ -236,7 +233,7 @@ impl InferPath {
             }
             .into()
         };
-        let exchange = process.upstream.call(&headers, frame);
+        let exchange = process.upstream.call(meta, frame);
         let (exchange, head) = match deadline {
             Some(d) => tokio::time::timeout_at(d.into(), exchange)
                 .await
@@ -246,7 +243,7 @@ impl InferPath {
             None => exchange.await,
         }
         .map_err(|e| unreachable(&e))?;
-        drop(headers);
+        drop(trace);
         drop(permit);
         if head.status != 200 {
             return Err(unreachable(&format!(
@@ -258,7 +255,7 @@ impl InferPath {
         // Trailers-only: the status is in the headers.
         let trailers_only =
             match head.end {
-                true => Some(Status::from_header_map(&headers).ok_or_else(|| {
+                true => Some(grpc_code(&headers).ok_or_else(|| {
                     unreachable(&"the worker's answer ended without a gRPC status")
                 })?),
                 false => None,
@@ -274,9 +271,9 @@ impl InferPath {
             patterns: Arc::clone(&self.patterns),
             pool: Arc::clone(&self.pool),
         };
-        if let Some(status) = trailers_only {
+        if let Some(code) = trailers_only {
             let mut done = done;
-            done.finish(&mut headers, status);
+            done.finish(&mut headers, code);
             let mut resp = Response::new(FrontBody::Empty);
             *resp.headers_mut() = headers;
             return Ok(resp);
@@ -385,36 +382,28 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
 
 /// The request headers towards the worker: the caller's metadata, what is
 /// left of its deadline (pseudo-headers are the connection's to add).
-fn upstream_head(headers: &HeaderMap, deadline: Option<Instant>) -> Result<HeaderMap, Status> {
-    let mut out = HeaderMap::with_capacity(headers.len() + 2);
-    for (name, value) in headers {
-        if !hop_only(name) {
-            out.append(name.clone(), value.clone());
-        }
+/// What is left of `deadline`, sent to the worker as `grpc-timeout`; an
+/// error when nothing is.
+fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
+    let Some(d) = deadline else {
+        return Ok(None);
+    };
+    let left = d.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Status::deadline_exceeded(
+            "deadline exceeded before the request reached a worker",
+        ));
     }
-    out.insert("te", HeaderValue::from_static("trailers"));
-    // The worker's spans are children of this request's (when tracing).
-    crate::trace::inject(&mut out);
-    if let Some(d) = deadline {
-        let left = d.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Status::deadline_exceeded(
-                "deadline exceeded before the request reached a worker",
-            ));
-        }
-        // gRPC allows at most 8 digits.
-        let micros = left.as_micros().min(99_999_999);
-        let mut n = itoa::Buffer::new();
-        let digits = n.format(micros as u64).as_bytes();
-        let mut text = [b'u'; 9];
-        text[..digits.len()].copy_from_slice(digits);
-        let mut value = HeaderValue::from_bytes(&text[..digits.len() + 1]).expect("ascii");
-        // Different on every request: never indexed, so that it does not
-        // churn the HPACK table towards the worker (see `trailer.rs`).
-        value.set_sensitive(true);
-        out.insert("grpc-timeout", value);
-    }
-    Ok(out)
+    Ok(Some(left))
+}
+
+/// The code of the `grpc-status` in `map` (a worker's trailers, or the
+/// headers of a trailers-only answer); `None` when it is missing, and
+/// `Unknown` when it is not a code, as tonic reads it. Read directly:
+/// building a `Status` (message, details) for every answer cost as much as
+/// the rest of the agent's handling of the trailers.
+fn grpc_code(map: &HeaderMap) -> Option<Code> {
+    Some(Code::from_bytes(map.get("grpc-status")?.as_bytes()))
 }
 
 /// Tells a worker's sentinel about an internal error it answered, and
@@ -461,24 +450,31 @@ impl Done {
     /// Frees the permit, reports worker errors, records the request, and
     /// writes the final status (maybe rewritten) and the load report into
     /// `trailers`.
-    fn finish(&mut self, trailers: &mut HeaderMap, status: Status) {
-        if let (Some(lease), Code::Ok) = (self.lease.as_mut(), status.code()) {
+    fn finish(&mut self, trailers: &mut HeaderMap, code: Code) {
+        if let (Some(lease), Code::Ok) = (self.lease.as_mut(), code) {
             lease.served();
         }
         self.lease = None;
         self.ticket = None;
-        let code = status.code();
-        let status = judge_worker_status(&self.reporter, self.pid, &self.patterns, status);
-        if status.code() != code {
-            for key in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
-                trailers.remove(key);
+        // Only an internal error is judged (a GPU fault?): the status with
+        // its message is built for that case alone, not for every answer.
+        let code = if matches!(code, Code::Internal | Code::Unknown) {
+            let status = Status::from_header_map(trailers).unwrap_or_else(|| Status::new(code, ""));
+            let judged = judge_worker_status(&self.reporter, self.pid, &self.patterns, status);
+            if judged.code() != code {
+                for key in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
+                    trailers.remove(key);
+                }
+                let _ = judged.add_header(trailers);
             }
-            let _ = status.add_header(trailers);
-        }
-        self.metrics.request(status.code(), self.started.elapsed());
+            judged.code()
+        } else {
+            code
+        };
+        self.metrics.request(code, self.started.elapsed());
         if !self.span.is_none() {
             let _in = self.span.enter();
-            crate::trace::record("outcome", &format_args!("{:?}", status.code()));
+            crate::trace::record("outcome", &format_args!("{code:?}"));
         }
         add_report(&self.pool, trailers);
     }
@@ -505,9 +501,9 @@ pub struct ForwardBody {
 }
 
 impl ForwardBody {
-    fn end(&mut self, mut trailers: HeaderMap, status: Status) -> Frame<Bytes> {
+    fn end(&mut self, mut trailers: HeaderMap, code: Code) -> Frame<Bytes> {
         if let Some(mut done) = self.done.take() {
-            done.finish(&mut trailers, status);
+            done.finish(&mut trailers, code);
         }
         Frame::trailers(trailers)
     }
@@ -520,7 +516,7 @@ impl ForwardBody {
         .into();
         let mut trailers = HeaderMap::new();
         let _ = status.add_header(&mut trailers);
-        self.end(trailers, status)
+        self.end(trailers, status.code())
     }
 }
 
@@ -539,8 +535,8 @@ impl Body for ForwardBody {
         let frame = match ready!(this.exchange.poll_data(cx)) {
             Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
             Ok(None) => match this.exchange.trailers() {
-                Some(trailers) => match Status::from_header_map(&trailers) {
-                    Some(status) => this.end(trailers, status),
+                Some(trailers) => match grpc_code(&trailers) {
+                    Some(code) => this.end(trailers, code),
                     None => this.failed("the worker's response ended without a gRPC status".into()),
                 },
                 None => this.failed("the worker's response ended without trailers".into()),
@@ -560,26 +556,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_worker_gets_the_callers_metadata_and_what_is_left_of_its_deadline() {
-        let mut caller = HeaderMap::new();
-        caller.insert("grpc-timeout", HeaderValue::from_static("5S"));
-        caller.insert("te", HeaderValue::from_static("trailers"));
-        caller.insert("host", HeaderValue::from_static("agent"));
-        caller.insert("x-request-id", HeaderValue::from_static("abc"));
+    fn the_worker_gets_what_is_left_of_the_deadline_or_nothing_once_it_passed() {
         let deadline = Instant::now() + Duration::from_millis(1500);
-        let h = upstream_head(&caller, Some(deadline)).unwrap();
-        assert_eq!(h["x-request-id"], "abc");
-        assert_eq!(h["te"], "trailers");
-        assert!(h.get("host").is_none(), "hop-by-hop headers stay");
-        let timeout = h["grpc-timeout"].to_str().unwrap();
-        let micros: u64 = timeout.strip_suffix('u').unwrap().parse().unwrap();
-        assert!(micros <= 1_500_000 && micros > 0, "{timeout}");
-        assert!(h["grpc-timeout"].is_sensitive(), "never indexed");
-
-        let head = upstream_head(&caller, None).unwrap();
-        assert!(head.get("grpc-timeout").is_none());
+        let left = time_left(Some(deadline)).unwrap().unwrap();
+        assert!(
+            left <= Duration::from_millis(1500) && !left.is_zero(),
+            "{left:?}"
+        );
+        assert_eq!(time_left(None).unwrap(), None);
         let past = Instant::now() - Duration::from_millis(1);
-        let err = upstream_head(&caller, Some(past)).unwrap_err();
+        let err = time_left(Some(past)).unwrap_err();
         assert_eq!(err.code(), Code::DeadlineExceeded);
     }
 }

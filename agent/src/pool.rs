@@ -26,7 +26,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use infermesh_proto::load::LoadReport;
 use infermesh_sentinel::State;
@@ -37,6 +37,22 @@ use crate::capacity::{self, Estimator, Meter, Weight};
 use crate::error::AgentError;
 use crate::models::{ModelId, Models};
 use crate::state::{Process, Worker};
+
+/// How old the slow figures of a response's load report may be
+/// ([`Pool::report`]): one bucket of the busy window.
+pub const REPORT_REFRESH: Duration = crate::busy::BUCKET;
+
+/// The load report of one response ([`Pool::report`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Report {
+    /// In flight and queued now; busy ratio and weight of `snapshot`.
+    pub load: LoadReport,
+    /// The whole report as last taken, at most [`REPORT_REFRESH`] ago.
+    pub snapshot: LoadReport,
+    /// Requests completed per second over the last 10 s, when `snapshot`
+    /// was taken.
+    pub rps: f64,
+}
 
 /// All workers of this agent and the dispatch state over them.
 #[derive(Debug)]
@@ -61,6 +77,8 @@ struct Sched {
     busy: BusyWindow,
     /// Requests completed per second (ORCA's `rps_fractional`).
     completions: RateWindow,
+    /// The last [`Pool::report`] snapshot and when it was taken.
+    snapshot: Option<(Instant, LoadReport, f64)>,
     next_seq: u64,
     cursor: usize,
     routable: usize,
@@ -129,6 +147,7 @@ impl Pool {
                 in_flight: 0,
                 busy: BusyWindow::default(),
                 completions: RateWindow::default(),
+                snapshot: None,
                 next_seq: 0,
                 cursor: 0,
                 routable: 0,
@@ -440,14 +459,49 @@ impl Pool {
     /// the last 10 s, under one lock.
     pub fn load_and_rate(&self) -> (LoadReport, f64) {
         let mut s = lock(&self.sched);
-        let now = Instant::now();
+        self.take_load(&mut s, Instant::now())
+    }
+
+    fn take_load(&self, s: &mut Sched, now: Instant) -> (LoadReport, f64) {
         let report = LoadReport {
             in_flight: s.in_flight,
             queued: s.queued as u64,
             busy_ratio: s.busy.ratio(now),
-            weight: self.weight_with(&s),
+            weight: self.weight_with(s),
         };
         (report, s.completions.per_second(now))
+    }
+
+    /// The load report a response carries: in flight and queued as they are
+    /// now; busy ratio, weight and rate from a snapshot taken at most
+    /// [`REPORT_REFRESH`] ago (they move over seconds: the busy ratio and
+    /// the rate are 10 s windows, the weight has hysteresis).
+    ///
+    /// A snapshot's values repeat on every response until the next one, so
+    /// HPACK sends them as an index into the connection's table instead of
+    /// Huffman-coding them on every response; see `trailer.rs`.
+    pub fn report(&self) -> Report {
+        let mut s = lock(&self.sched);
+        let now = Instant::now();
+        let (snapshot, rps) = match s.snapshot {
+            Some((at, report, rps)) if now.saturating_duration_since(at) < REPORT_REFRESH => {
+                (report, rps)
+            }
+            _ => {
+                let (report, rps) = self.take_load(&mut s, now);
+                s.snapshot = Some((now, report, rps));
+                (report, rps)
+            }
+        };
+        Report {
+            load: LoadReport {
+                in_flight: s.in_flight,
+                queued: s.queued as u64,
+                ..snapshot
+            },
+            snapshot,
+            rps,
+        }
     }
 
     /// Marks the agent as stopping (readiness turns false).

@@ -28,11 +28,13 @@ use crate::pool::Pool;
 /// Writes `report` into `map` (trailers, or the headers of a trailers-only
 /// response).
 ///
-/// The values change with every response, so they are marked sensitive:
-/// HPACK sends them as literals "never indexed" instead of inserting each
-/// into the connection's dynamic table, where they would evict the entries
-/// that do repeat (`content-type`, `grpc-status: 0`) and make every
-/// response re-insert those too.
+/// HPACK: none of the values is marked sensitive, so each is indexed in the
+/// connection's dynamic table and a value seen before goes as one or two
+/// bytes. In flight and queued are small numbers that repeat; busy ratio
+/// and weight come from the pool's snapshot ([`Pool::report`]) and repeat
+/// until the next one. Sent as never-indexed literals instead (as before),
+/// every response Huffman-coded each name and value again, which was the
+/// largest single cost of a pass-through response (BENCHMARKS.md).
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     // Names made once (no parsing per response), numbers formatted with
     // `itoa` into a stack buffer (no `fmt` machinery).
@@ -41,8 +43,7 @@ pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     const BUSY: HeaderName = HeaderName::from_static(BUSY_KEY);
     const WEIGHT: HeaderName = HeaderName::from_static(WEIGHT_KEY);
     let mut put = |key: HeaderName, text: &[u8]| {
-        if let Ok(mut v) = HeaderValue::from_bytes(text) {
-            v.set_sensitive(true);
+        if let Ok(v) = HeaderValue::from_bytes(text) {
             map.insert(key, v);
         }
     };
@@ -80,12 +81,14 @@ fn milli(x: f64) -> (u64, u64) {
     (m / 1000, m % 1000)
 }
 
-/// Adds the pool's current report to `map`.
+/// Adds the pool's current report to `map`: the `infermesh-*` trailers
+/// and, unless turned off, the ORCA report, which is the pool's snapshot
+/// whole (at most `REPORT_REFRESH`, 100 ms, old; see [`Pool::report`]).
 pub fn add_report(pool: &Pool, map: &mut HeaderMap) {
-    let (report, rps) = pool.load_and_rate();
-    write_report(&report, map);
+    let report = pool.report();
+    write_report(&report.load, map);
     if pool.orca() {
-        write_orca(&report, rps, map);
+        write_orca(&report.snapshot, report.rps, map);
     }
 }
 
@@ -132,8 +135,9 @@ pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
     let len = base64::engine::general_purpose::STANDARD_NO_PAD
         .encode_slice(&buf[..n], &mut text)
         .expect("128 bytes fit in 172 base64 characters");
-    if let Ok(mut v) = HeaderValue::from_bytes(&text[..len]) {
-        v.set_sensitive(true);
+    // Not sensitive: the same snapshot gives the same text, which HPACK
+    // then sends as an index (see `write_report`).
+    if let Ok(v) = HeaderValue::from_bytes(&text[..len]) {
         // Made once, as the report's names are (see `write_report`).
         const ORCA: HeaderName = HeaderName::from_static(ORCA_KEY);
         map.insert(ORCA, v);

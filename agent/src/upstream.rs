@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use conn::{Conn, Refusal};
 pub use conn::{Failure, ResponseHead};
+pub use wire::Metadata;
 
 /// Time to open a connection to a local worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -144,10 +145,16 @@ impl Upstream {
         self.inner.address
     }
 
-    /// Opens a `ModelInfer` stream with `headers` (the caller's metadata;
-    /// pseudo-headers are added) and `body` as its only data, and writes
-    /// them. Makes a new connection if the current one takes no streams.
-    pub async fn send(&self, headers: &HeaderMap, body: Bytes) -> Result<Exchange, UpstreamError> {
+    /// Opens a `ModelInfer` stream with `meta` (the caller's metadata and
+    /// deadline; pseudo-headers are added) and `body` as its only data, and
+    /// writes them. Makes a new connection if the current one takes no
+    /// streams.
+    pub async fn send<'a>(
+        &self,
+        meta: impl Into<Metadata<'a>>,
+        body: Bytes,
+    ) -> Result<Exchange, UpstreamError> {
+        let meta = meta.into();
         let mut fresh = false;
         loop {
             let shared = match self.cached() {
@@ -162,7 +169,7 @@ impl Upstream {
             let room = shared.room.notified();
             let opened = {
                 let mut conn = shared.lock();
-                let opened = conn.open(headers, body.clone());
+                let opened = conn.open(meta, body.clone());
                 if opened.is_ok() {
                     shared.flush(&mut conn);
                 }
@@ -188,15 +195,16 @@ impl Upstream {
     /// head. A stream the worker refused unprocessed (REFUSED_STREAM, or
     /// beyond a GOAWAY's last stream: e.g. sent before the worker's
     /// MAX_CONCURRENT_STREAMS arrived) is sent again, a few times at most.
-    pub async fn call(
+    pub async fn call<'a>(
         &self,
-        headers: &HeaderMap,
+        meta: impl Into<Metadata<'a>>,
         body: Bytes,
     ) -> Result<(Exchange, ResponseHead), UpstreamError> {
+        let meta = meta.into();
         let mut tries = 0;
         loop {
             tries += 1;
-            let mut exchange = self.send(headers, body.clone()).await?;
+            let mut exchange = self.send(meta, body.clone()).await?;
             match exchange.head().await {
                 Ok(head) => return Ok((exchange, head)),
                 Err(UpstreamError::Failed(Failure::Refused)) if tries < MAX_REFUSED => {

@@ -472,16 +472,16 @@ async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
         .await
         .unwrap();
 
-    // A ModelInfer request head in HPACK without the dynamic table.
+    // A ModelInfer request head in HPACK without the dynamic table (`te:
+    // trailers` is added by the encoder).
     let mut metadata = http::HeaderMap::new();
     metadata.insert("content-type", "application/grpc".parse().unwrap());
-    metadata.insert("te", "trailers".parse().unwrap());
     let mut block = bytes::BytesMut::new();
     wire::put_request_block(
         &mut block,
         b"localhost",
         wire::MODEL_INFER_PATH.as_bytes(),
-        &metadata,
+        (&metadata).into(),
     );
 
     let pid = Pid::from_raw(agent.pid() as i32);

@@ -229,8 +229,12 @@ impl Conn {
         self.failed.is_some()
     }
 
-    /// Opens a stream carrying `headers` and `body`; its id.
-    pub fn open(&mut self, headers: &HeaderMap, body: Bytes) -> Result<u32, Refusal> {
+    /// Opens a stream carrying `meta` and `body`; its id.
+    pub fn open<'a>(
+        &mut self,
+        meta: impl Into<wire::Metadata<'a>>,
+        body: Bytes,
+    ) -> Result<u32, Refusal> {
         if !self.is_open() {
             return Err(Refusal::Closed);
         }
@@ -240,7 +244,7 @@ impl Conn {
         let id = self.next_id;
         self.next_id += 2;
         let mut block = BytesMut::with_capacity(128);
-        wire::put_request_block(&mut block, &self.authority, self.path, headers);
+        wire::put_request_block(&mut block, &self.authority, self.path, meta.into());
         let end = if body.is_empty() { flag::END_STREAM } else { 0 };
         // The block in frames no larger than the worker allows.
         let mut first = true;

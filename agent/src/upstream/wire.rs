@@ -6,6 +6,8 @@
 //! worker's decoder state never depends on earlier requests. Values marked
 //! sensitive are sent as never-indexed literals, as `h2` does.
 
+use std::time::Duration;
+
 use bytes::{BufMut, BytesMut};
 use http::HeaderMap;
 
@@ -190,19 +192,78 @@ fn static_name(name: &str) -> Option<usize> {
     })
 }
 
-/// Appends the header block of a POST to `path` at `authority`, with
-/// `headers` (lower-case names, as `http` keeps them).
-pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], headers: &HeaderMap) {
+/// Headers of a caller's request that do not travel to the worker: the
+/// hop-by-hop ones, and `te` and `grpc-timeout`, which the agent sets.
+pub fn hop_only(name: &str) -> bool {
+    matches!(
+        name,
+        "te" | "grpc-timeout"
+            | "content-length"
+            | "host"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// What a request to a worker carries besides its path and body.
+#[derive(Debug, Clone, Copy)]
+pub struct Metadata<'a> {
+    /// The caller's headers (lower-case names, as `http` keeps them); the
+    /// [`hop_only`] ones are left out.
+    pub caller: &'a HeaderMap,
+    /// What is left of the caller's deadline, sent as `grpc-timeout`.
+    pub timeout: Option<Duration>,
+    /// Headers the agent adds (the trace context, when tracing).
+    pub extra: Option<&'a HeaderMap>,
+}
+
+impl<'a> From<&'a HeaderMap> for Metadata<'a> {
+    fn from(caller: &'a HeaderMap) -> Self {
+        Self {
+            caller,
+            timeout: None,
+            extra: None,
+        }
+    }
+}
+
+/// Appends the header block of a gRPC POST to `path` at `authority`
+/// carrying `meta`, encoded straight from the caller's map: no map is built
+/// per request.
+pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta: Metadata<'_>) {
     put_indexed(out, 3); // :method POST
     put_indexed(out, 6); // :scheme http
     put_literal_indexed_name(out, 4, path, false);
     put_literal_indexed_name(out, 1, authority, false);
-    for (name, value) in headers {
-        let sensitive = value.is_sensitive();
-        match static_name(name.as_str()) {
-            Some(i) => put_literal_indexed_name(out, i, value.as_bytes(), sensitive),
-            None => put_literal(out, name.as_str().as_bytes(), value.as_bytes(), sensitive),
+    let put_map = |out: &mut BytesMut, map: &HeaderMap, skip: fn(&str) -> bool| {
+        for (name, value) in map {
+            if skip(name.as_str()) {
+                continue;
+            }
+            let sensitive = value.is_sensitive();
+            match static_name(name.as_str()) {
+                Some(i) => put_literal_indexed_name(out, i, value.as_bytes(), sensitive),
+                None => put_literal(out, name.as_str().as_bytes(), value.as_bytes(), sensitive),
+            }
         }
+    };
+    put_map(out, meta.caller, hop_only);
+    put_literal(out, b"te", b"trailers", false);
+    if let Some(left) = meta.timeout {
+        // gRPC allows at most 8 digits. Different on every request: never
+        // indexed, so that it does not churn the worker's HPACK table.
+        let micros = left.as_micros().min(99_999_999) as u64;
+        let mut n = itoa::Buffer::new();
+        let digits = n.format(micros).as_bytes();
+        let mut text = [b'u'; 9];
+        text[..digits.len()].copy_from_slice(digits);
+        put_literal(out, b"grpc-timeout", &text[..digits.len() + 1], true);
+    }
+    if let Some(extra) = meta.extra {
+        put_map(out, extra, |_| false);
     }
 }
 
@@ -227,20 +288,28 @@ mod tests {
 
     #[test]
     fn a_request_block_decodes_to_what_was_encoded() {
-        let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-        headers.insert("te", HeaderValue::from_static("trailers"));
-        let mut timeout = HeaderValue::from_static("1234u");
-        timeout.set_sensitive(true);
-        headers.insert("grpc-timeout", timeout);
+        // The caller's map: its own deadline, `te` and the hop-by-hop
+        // headers are replaced or left out; the rest goes as it came.
+        let mut caller = HeaderMap::new();
+        caller.insert("content-type", HeaderValue::from_static("application/grpc"));
+        caller.insert("te", HeaderValue::from_static("trailers"));
+        caller.insert("grpc-timeout", HeaderValue::from_static("5S"));
+        caller.insert("host", HeaderValue::from_static("agent"));
         let long = "x".repeat(300);
-        headers.insert("x-long", HeaderValue::from_str(&long).unwrap());
+        caller.insert("x-long", HeaderValue::from_str(&long).unwrap());
+        let mut extra = HeaderMap::new();
+        extra.insert("traceparent", HeaderValue::from_static("00-abc-def-01"));
+        let meta = Metadata {
+            caller: &caller,
+            timeout: Some(Duration::from_micros(1234)),
+            extra: Some(&extra),
+        };
         let mut out = BytesMut::new();
         put_request_block(
             &mut out,
             b"127.0.0.1:8001",
             b"/inference.GRPCInferenceService/ModelInfer",
-            &headers,
+            meta,
         );
         let mut decoder = loona_hpack::Decoder::new();
         let fields: Vec<(String, String)> = decoder
@@ -255,9 +324,10 @@ mod tests {
             (":path", "/inference.GRPCInferenceService/ModelInfer"),
             (":authority", "127.0.0.1:8001"),
             ("content-type", "application/grpc"),
+            ("x-long", long.as_str()),
             ("te", "trailers"),
             ("grpc-timeout", "1234u"),
-            ("x-long", long.as_str()),
+            ("traceparent", "00-abc-def-01"),
         ];
         let want: Vec<(String, String)> = want
             .iter()
@@ -267,7 +337,22 @@ mod tests {
         // Nothing was added to the decoder's dynamic table: a second block
         // decodes alone.
         let mut again = loona_hpack::Decoder::new();
-        assert_eq!(again.decode(&out).unwrap().len(), 8);
+        assert_eq!(again.decode(&out).unwrap().len(), want.len());
+    }
+
+    #[test]
+    fn the_deadline_left_is_capped_at_eight_digits_and_never_indexed() {
+        let caller = HeaderMap::new();
+        let meta = Metadata {
+            caller: &caller,
+            timeout: Some(Duration::from_secs(1_000_000)),
+            extra: None,
+        };
+        let mut out = BytesMut::new();
+        put_request_block(&mut out, b"a", b"/p", meta);
+        let mut marker = BytesMut::new();
+        put_literal(&mut marker, b"grpc-timeout", b"99999999u", true);
+        assert!(out.ends_with(&marker), "a never-indexed literal at the end");
     }
 
     #[test]
