@@ -45,7 +45,7 @@ pub const REPORT_REFRESH: Duration = crate::busy::BUCKET;
 /// The load report of one response ([`Pool::report`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Report {
-    /// In flight and queued now; busy ratio and weight of `snapshot`.
+    /// In flight, queued and weight now; busy ratio of `snapshot`.
     pub load: LoadReport,
     /// The whole report as last taken, at most [`REPORT_REFRESH`] ago.
     pub snapshot: LoadReport,
@@ -472,10 +472,12 @@ impl Pool {
         (report, s.completions.per_second(now))
     }
 
-    /// The load report a response carries: in flight and queued as they are
-    /// now; busy ratio, weight and rate from a snapshot taken at most
-    /// [`REPORT_REFRESH`] ago (they move over seconds: the busy ratio and
-    /// the rate are 10 s windows, the weight has hysteresis).
+    /// The load report a response carries: in flight, queued and weight as
+    /// they are now; busy ratio and rate from a snapshot taken at most
+    /// [`REPORT_REFRESH`] ago (both are 10 s windows). A change of weight
+    /// (a worker ready or gone, a new capacity step) takes a new snapshot at
+    /// once, so a client never reads a stale weight — a node that just
+    /// became ready is not passed over as weight 0.
     ///
     /// A snapshot's values repeat on every response until the next one, so
     /// HPACK sends them as an index into the connection's table instead of
@@ -483,8 +485,12 @@ impl Pool {
     pub fn report(&self) -> Report {
         let mut s = lock(&self.sched);
         let now = Instant::now();
+        let weight = self.weight_with(&s);
         let (snapshot, rps) = match s.snapshot {
-            Some((at, report, rps)) if now.saturating_duration_since(at) < REPORT_REFRESH => {
+            Some((at, report, rps))
+                if report.weight == weight
+                    && now.saturating_duration_since(at) < REPORT_REFRESH =>
+            {
                 (report, rps)
             }
             _ => {

@@ -30,9 +30,9 @@ use crate::pool::Pool;
 ///
 /// HPACK: none of the values is marked sensitive, so each is indexed in the
 /// connection's dynamic table and a value seen before goes as one or two
-/// bytes. In flight and queued are small numbers that repeat; busy ratio
-/// and weight come from the pool's snapshot ([`Pool::report`]) and repeat
-/// until the next one. Sent as never-indexed literals instead (as before),
+/// bytes. In flight and queued are small numbers that repeat, the weight
+/// changes rarely, and the busy ratio comes from the pool's snapshot
+/// ([`Pool::report`]) and repeats until the next one. Sent as never-indexed literals instead (as before),
 /// every response Huffman-coded each name and value again, which was the
 /// largest single cost of a pass-through response (BENCHMARKS.md).
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
@@ -83,7 +83,8 @@ fn milli(x: f64) -> (u64, u64) {
 
 /// Adds the pool's current report to `map`: the `infermesh-*` trailers
 /// and, unless turned off, the ORCA report, which is the pool's snapshot
-/// whole (at most `REPORT_REFRESH`, 100 ms, old; see [`Pool::report`]).
+/// whole (at most `REPORT_REFRESH`, 100 ms, old, and of the current weight;
+/// see [`Pool::report`]).
 pub fn add_report(pool: &Pool, map: &mut HeaderMap) {
     let report = pool.report();
     write_report(&report.load, map);

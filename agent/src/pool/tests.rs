@@ -306,6 +306,29 @@ async fn weight_and_load_follow_routable_workers() {
     assert_eq!(f.pool.load().in_flight, 0);
 }
 
+/// A response's report: in flight, queued and weight live, the rest from a
+/// snapshot that a change of weight renews at once (no time passes here:
+/// the std clock moves by microseconds, far inside `REPORT_REFRESH`).
+#[tokio::test(start_paused = true)]
+async fn a_report_carries_the_live_weight_and_load_and_repeats_the_rest() {
+    let f = fixture(&[("a", &["m"], 1), ("b", &["m"], 1)], 1);
+    let first = f.pool.report();
+    assert_eq!(first.load.weight, 0.0);
+    f.set_routable(0, true);
+    let ready = f.pool.report();
+    assert_eq!(ready.load.weight, 0.5, "a worker just ready counts at once");
+    assert_eq!(ready.snapshot.weight, 0.5, "and the ORCA snapshot agrees");
+    let t = f.pool.admit();
+    let busy = f.pool.report();
+    assert_eq!(busy.load.in_flight, 1, "in flight is live");
+    assert_eq!(
+        busy.snapshot, ready.snapshot,
+        "the rest repeats until renewed"
+    );
+    drop(t);
+    assert_eq!(f.pool.report().load.in_flight, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
     let (workers, _drivers): (Vec<_>, Vec<_>) = [("a", 1), ("b", 1), ("c", 1)]
