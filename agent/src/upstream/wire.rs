@@ -216,7 +216,8 @@ pub struct Metadata<'a> {
     pub caller: &'a HeaderMap,
     /// What is left of the caller's deadline, sent as `grpc-timeout`.
     pub timeout: Option<Duration>,
-    /// Headers the agent adds (the trace context, when tracing).
+    /// Headers the agent adds (the trace context, when tracing); they
+    /// replace the caller's headers of the same names.
     pub extra: Option<&'a HeaderMap>,
 }
 
@@ -238,7 +239,7 @@ pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta
     put_indexed(out, 6); // :scheme http
     put_literal_indexed_name(out, 4, path, false);
     put_literal_indexed_name(out, 1, authority, false);
-    let put_map = |out: &mut BytesMut, map: &HeaderMap, skip: fn(&str) -> bool| {
+    let put_map = |out: &mut BytesMut, map: &HeaderMap, skip: &dyn Fn(&str) -> bool| {
         for (name, value) in map {
             if skip(name.as_str()) {
                 continue;
@@ -250,7 +251,14 @@ pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta
             }
         }
     };
-    put_map(out, meta.caller, hop_only);
+    // What the agent adds replaces the caller's header of that name (the
+    // caller's `traceparent` names the caller's span, not the agent's).
+    match meta.extra {
+        None => put_map(out, meta.caller, &hop_only),
+        Some(extra) => put_map(out, meta.caller, &|name: &str| {
+            hop_only(name) || extra.contains_key(name)
+        }),
+    }
     put_literal(out, b"te", b"trailers", false);
     if let Some(left) = meta.timeout {
         // gRPC allows at most 8 digits. Different on every request: never
@@ -263,7 +271,7 @@ pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta
         put_literal(out, b"grpc-timeout", &text[..digits.len() + 1], true);
     }
     if let Some(extra) = meta.extra {
-        put_map(out, extra, |_| false);
+        put_map(out, extra, &|_| false);
     }
 }
 
@@ -295,6 +303,7 @@ mod tests {
         caller.insert("te", HeaderValue::from_static("trailers"));
         caller.insert("grpc-timeout", HeaderValue::from_static("5S"));
         caller.insert("host", HeaderValue::from_static("agent"));
+        caller.insert("traceparent", HeaderValue::from_static("00-caller-span-01"));
         let long = "x".repeat(300);
         caller.insert("x-long", HeaderValue::from_str(&long).unwrap());
         let mut extra = HeaderMap::new();
