@@ -37,11 +37,11 @@ count() {
   local pid=$1 target=$2 name=$3
   "$bin/infermesh" bench --target "$target" --concurrency "$conc" --size-bytes "$size" \
     --duration 2s --wait-ready 120s >/dev/null
-  callgrind_control -z "$pid" >/dev/null
+  callgrind_control -z "$pid" >/dev/null 2>&1
   local line
   line=$("$bin/infermesh" bench --target "$target" --concurrency "$conc" --size-bytes "$size" \
     --duration "$duration" --json | tail -n 1)
-  callgrind_control -d "$pid" >/dev/null
+  callgrind_control -d "$pid" >/dev/null 2>&1
   local file
   file=$(ls -t "$work/$name.out"* | head -n 1)
   python3 - "$name" "$line" "$file" <<'PY'
