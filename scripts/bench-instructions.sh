@@ -73,20 +73,7 @@ for t in $targets; do
       wport=$(port); hport=$(port)
       "$bin/infermesh-testworker" --listen "127.0.0.1:$wport" 2>/dev/null &
       pids+=($!)
-      cat >"$work/haproxy.cfg" <<CFG
-global
-  nbthread 1
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-frontend f
-  bind 127.0.0.1:$hport proto h2
-  default_backend b
-backend b
-  server w 127.0.0.1:$wport proto h2
-CFG
+      haproxy_h2_cfg "$work/haproxy.cfg" "$hport" 1 "  server w 127.0.0.1:$wport proto h2"
       valgrind --tool=callgrind --callgrind-out-file="$work/haproxy.out" \
         haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
       pids+=($!)

@@ -44,20 +44,7 @@ pids+=($!)
   --threads "$agent_threads" --worker "$bin/infermesh-testworker --listen 127.0.0.1:{port}" 2>/dev/null &
 pids+=($!)
 
-cat >"$work/haproxy.cfg" <<CFG
-global
-  nbthread $peer_threads
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-frontend f
-  bind 127.0.0.1:$hport proto h2
-  default_backend b
-backend b
-  server w 127.0.0.1:$wport proto h2
-CFG
+haproxy_h2_cfg "$work/haproxy.cfg" "$hport" "$peer_threads" "  server w 127.0.0.1:$wport proto h2"
 haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
 pids+=($!)
 

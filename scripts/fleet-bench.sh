@@ -49,23 +49,10 @@ echo "== round robin over the same agents"
 
 echo "== HAProxy balance leastconn over the same agents, same weights"
 hport=$(port)
-cat >"$dir/haproxy.cfg" <<CFG
-global
-  nbthread 2
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-frontend f
-  bind 127.0.0.1:$hport proto h2
-  default_backend b
-backend b
-  balance leastconn
+haproxy_h2_cfg "$dir/haproxy.cfg" "$hport" 2 "  balance leastconn
   server fast 127.0.0.1:${oip[node-fast]} proto h2 weight 40
   server mid 127.0.0.1:${oip[node-mid]} proto h2 weight 16
-  server slow 127.0.0.1:${oip[node-slow]} proto h2 weight 2
-CFG
+  server slow 127.0.0.1:${oip[node-slow]} proto h2 weight 2"
 haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
 pids+=($!)
 "$bin/infermesh" bench --target "127.0.0.1:$hport" --wait-ready 10s --concurrency 16 --duration "$duration" --json \

@@ -20,3 +20,25 @@ start_zookeeper() {
   done
   registry="zk://$host:$zkport/infermesh"
 }
+
+# haproxy_h2_cfg FILE PORT THREADS BACKEND: writes an HAProxy config that
+# listens on 127.0.0.1:PORT with `proto h2` and THREADS threads, and whose
+# one backend is the lines BACKEND (`server NAME ADDR proto h2 ...`, maybe a
+# `balance`), as a user would put HAProxy in front of gRPC workers.
+haproxy_h2_cfg() {
+  local file=$1 listen=$2 threads=$3 backend=$4
+  cat >"$file" <<CFG
+global
+  nbthread $threads
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend f
+  bind 127.0.0.1:$listen proto h2
+  default_backend b
+backend b
+$backend
+CFG
+}
