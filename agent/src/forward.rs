@@ -380,8 +380,6 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     }
 }
 
-/// The request headers towards the worker: the caller's metadata, what is
-/// left of its deadline (pseudo-headers are the connection's to add).
 /// What is left of `deadline`, sent to the worker as `grpc-timeout`; an
 /// error when nothing is.
 fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {

@@ -4,8 +4,9 @@
 //! The report ([`LoadReport`]: inflight, queued, busy ratio, weight) goes
 //! into the trailers of a normal response, or into the headers of a
 //! "trailers-only" error response. It is taken when the response ends, so
-//! it reflects the load after this request. Values are formatted without
-//! allocating.
+//! in flight, queued and weight reflect the load after this request; the
+//! busy ratio (and the ORCA report below) come from a snapshot at most
+//! 100 ms old ([`Pool::report`]). Values are formatted without allocating.
 //!
 //! Beside it, unless `[transport] orca = false`, the standard ORCA report
 //! (`endpoint-load-metrics-bin`: an xds `OrcaLoadReport`), which gRPC's and
@@ -32,9 +33,10 @@ use crate::pool::Pool;
 /// connection's dynamic table and a value seen before goes as one or two
 /// bytes. In flight and queued are small numbers that repeat, the weight
 /// changes rarely, and the busy ratio comes from the pool's snapshot
-/// ([`Pool::report`]) and repeats until the next one. Sent as never-indexed literals instead (as before),
-/// every response Huffman-coded each name and value again, which was the
-/// largest single cost of a pass-through response (BENCHMARKS.md).
+/// ([`Pool::report`]) and repeats until the next one. Sent as never-indexed
+/// literals instead (as before), every response Huffman-coded each name and
+/// value again, which was the largest single cost of a pass-through
+/// response (BENCHMARKS.md).
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     // Names made once (no parsing per response), numbers formatted with
     // `itoa` into a stack buffer (no `fmt` machinery).

@@ -7,7 +7,7 @@
 //! (static table and literals only, see [`wire`]) and DATA and writes them
 //! itself, without waking another task; the connection's task only reads
 //! and hands each stream's frames to the future waiting for them. The
-//! protocol state is sans-IO in [`conn`]. Under `h2` a request crossed the
+//! protocol state is sans-IO in `upstream/conn.rs`. Under `h2` a request crossed the
 //! connection task twice and paid for its stream store, locks and HPACK
 //! table; see BENCHMARKS.md for what this saves.
 
