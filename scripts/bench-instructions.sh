@@ -16,20 +16,12 @@ conc=${CONC:-16}
 size=${SIZE:-1024}
 duration=${BENCH_DURATION:-5s}
 targets=${TARGETS:-agent haproxy}
-need() { command -v "$1" >/dev/null || { echo "installing $2" >&2; apt-get install -y -q "$2" >/dev/null; }; }
+. scripts/lib.sh
 need valgrind valgrind
 need haproxy haproxy
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=$PWD/target/release
-. scripts/lib.sh
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+scratch
 
 # Counts the instructions of process $1 while `infermesh bench` runs against
 # $2 (after a warm-up), and prints them per request.

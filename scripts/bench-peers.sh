@@ -22,20 +22,12 @@ concs=${CONCS:-1 16}
 agent_threads=${AGENT_THREADS:-1}
 peer_threads=${PEER_THREADS:-1}
 
-need() { command -v "$1" >/dev/null || { echo "installing $2" >&2; apt-get install -y -q "$2" >/dev/null; }; }
+. scripts/lib.sh
 need haproxy haproxy
 need nginx nginx
 cargo build --release --locked -q -p infermesh -p infermesh-testworker
 bin=target/release
-. scripts/lib.sh
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+scratch
 
 wport=$(port); oport=$(port); aport=$(port); hport=$(port); nport=$(port)
 "$bin/infermesh-testworker" --listen "127.0.0.1:$wport" 2>/dev/null &

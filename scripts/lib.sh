@@ -1,5 +1,17 @@
 # Helpers the scripts share; sourced (`. scripts/lib.sh`), not run.
 
+# need CMD PACKAGE: installs Debian's PACKAGE unless CMD is on the PATH.
+need() { command -v "$1" >/dev/null || { echo "installing $2" >&2; apt-get install -y -q "$2" >/dev/null; }; }
+
+# scratch: sets `work` to a new temporary directory and `pids` to an empty
+# list; at exit, every pid in `pids` gets SIGTERM (and is waited for) and
+# `work` is removed.
+scratch() {
+  work=$(mktemp -d)
+  pids=()
+  trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+}
+
 # A loopback port nobody listens on right now.
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
