@@ -31,23 +31,25 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use std::future::Future;
+use std::io::IoSlice;
+use std::sync::Mutex;
+use std::task::Waker;
+
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use h2::RecvStream;
-use h2::SendStream;
-use h2::server::SendResponse;
 use http::{Request, Response};
 use http_body::{Body, Frame};
 use infermesh_backoff::{Backoff, BackoffPolicy};
-use tokio::io::BufWriter;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
 use tonic::service::Routes;
@@ -58,6 +60,11 @@ use crate::forward::InferPath;
 use crate::grpc::{MODEL_INFER_PATH, status_response};
 use crate::pool::Pool;
 use crate::trailer::{FrontBody, add_report};
+use crate::upstream::wire::code;
+
+pub mod conn;
+
+use conn::{Conn, Settings, StreamError};
 
 /// The path of `ModelStreamInfer`.
 pub const MODEL_STREAM_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
@@ -193,66 +200,11 @@ fn rand_seed() -> rand::rngs::SmallRng {
     rand::rngs::SmallRng::seed_from_u64(nanos)
 }
 
-/// Bytes of frames gathered into one write: a full 16 KiB DATA frame and
-/// what precedes it. See [`Gathering`].
-const WRITE_BUFFER: usize = 17 << 10;
-
-pin_project_lite::pin_project! {
-    /// The connection as `h2` sees it: written through a buffer that `h2`'s
-    /// flush empties, and not vectored. `h2` queues a DATA payload too big
-    /// to copy as a separate buffer and must write it before it can queue
-    /// the next frame, so a small response (headers, data, trailers) would
-    /// take two writes; on a non-vectored transport `h2` copies payloads up
-    /// to 1 KiB instead (256 bytes when vectored), and the buffer here
-    /// merges larger payloads with their frame headers. `h2` flushes at the
-    /// end of every write cycle, so nothing waits in the buffer.
-    struct Gathering<T> {
-        #[pin]
-        inner: T,
-    }
-}
-
-#[allow(non_snake_case)]
-fn Gathering<T>(inner: T) -> Gathering<T> {
-    Gathering { inner }
-}
-
-impl<T: tokio::io::AsyncRead> tokio::io::AsyncRead for Gathering<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_read(cx, buf)
-    }
-}
-
-impl<T: tokio::io::AsyncWrite> tokio::io::AsyncWrite for Gathering<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        false
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
-    }
-}
-
-/// Response bytes a stream may send ahead of its flow-control window (h2
-/// buffers them): small responses then leave with their headers in one
-/// write; beyond it, each chunk waits for window.
-const EAGER_BYTES: usize = 64 << 10;
+/// Unwritten bytes beyond which a connection stops reading from its
+/// client (a client that sends but does not read, e.g. a PING flood).
+const OUT_HIGH: usize = 1 << 20;
+/// Bytes read from a socket at a time (at least).
+const READ_CHUNK: usize = 32 << 10;
 
 #[allow(clippy::too_many_arguments)]
 async fn connection(
@@ -281,6 +233,38 @@ async fn connection(
     on_close(id);
 }
 
+/// A connection's state, shared by its driver and its requests (which run
+/// inside the driver's task, and whose bodies may be read elsewhere).
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    conn: Conn,
+    /// The driver's waker, woken when output is queued from outside its
+    /// poll.
+    driver: Option<Waker>,
+    /// The driver is polling (and writes what is queued before it waits).
+    polling: bool,
+}
+
+impl Shared {
+    /// Runs `f` on the connection; wakes whoever it says, and the driver
+    /// if output was queued while it is not polling.
+    fn with<R>(&self, f: impl FnOnce(&mut Conn, &mut Vec<Waker>) -> R) -> R {
+        let mut wake = Vec::new();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut inner.conn, &mut wake);
+        let driver = match inner.polling || inner.conn.out.is_empty() {
+            true => None,
+            false => inner.driver.take(),
+        };
+        drop(inner);
+        wake.into_iter().chain(driver).for_each(Waker::wake);
+        r
+    }
+}
+
 async fn serve_connection<T>(
     io: T,
     info: ConnInfo,
@@ -291,228 +275,337 @@ async fn serve_connection<T>(
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let id = info.id;
-    let handshake = h2::server::Builder::new()
-        .initial_window_size(limits.stream_window)
-        .initial_connection_window_size(limits.connection_window)
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .max_header_list_size(limits.max_header_list_size)
-        .max_pending_accept_reset_streams(MAX_PENDING_RESETS)
-        .handshake::<_, Bytes>(Gathering(BufWriter::with_capacity(WRITE_BUFFER, io)));
-    let mut conn = match tokio::time::timeout(limits.handshake_timeout, handshake).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            tracing::debug!(conn = id, error = %e, "HTTP/2 handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::debug!(conn = id, "HTTP/2 handshake timed out");
-            return;
-        }
-    };
-    let mut keepalive = Keepalive::new(
-        conn.ping_pong(),
-        limits.keepalive_interval,
-        limits.keepalive_timeout,
-    );
-    // Shared by this connection's requests: one reference count per
-    // request instead of one per field.
-    let oip = Arc::new(oip);
     let opened = Instant::now();
-    let mut last_request = Instant::now();
-    let mut requests = FuturesUnordered::new();
-    let mut closing = false;
-    loop {
-        let idle_at = last_request + limits.idle_timeout;
-        tokio::select! {
-            accepted = conn.accept() => match accepted {
-                Some(Ok((req, respond))) => {
-                    last_request = Instant::now();
-                    requests.push(handle(Arc::clone(&oip), info.clone(), req, respond, &shutdown.hard));
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(conn = id, error = %e, "connection ended");
-                    break;
-                }
-                None => break,
-            },
-            Some(()) = requests.next(), if !requests.is_empty() => {}
-            _ = shutdown.graceful.cancelled(), if !closing => {
-                conn.graceful_shutdown();
-                closing = true;
-            }
-            _ = shutdown.hard.cancelled() => break,
-            _ = tokio::time::sleep_until(idle_at.into()), if !closing && requests.is_empty() => {
-                tracing::debug!(conn = id, idle = ?limits.idle_timeout, "closing an idle connection");
-                conn.graceful_shutdown();
-                closing = true;
-            }
-            () = std::future::poll_fn(|cx| keepalive.poll_dead(cx)) => {
-                tracing::debug!(conn = id, "peer did not answer a ping; closing");
-                break;
-            }
-        }
-    }
-    tracing::trace!(conn = id, open_for = ?opened.elapsed(), "connection closed");
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            conn: Conn::new(Settings {
+                max_streams: limits.max_concurrent_streams,
+                stream_window: limits.stream_window,
+                connection_window: limits.connection_window,
+                max_header_list: limits.max_header_list_size,
+            }),
+            driver: None,
+            polling: false,
+        }),
+    });
+    let now = tokio::time::Instant::now();
+    let mut driver = Driver {
+        io,
+        read: BytesMut::with_capacity(READ_CHUNK),
+        shared: Arc::clone(&shared),
+        // Shared by this connection's requests: one reference count per
+        // request instead of one per field.
+        oip: Arc::new(oip),
+        info,
+        requests: FuturesUnordered::new(),
+        limits,
+        graceful: Box::pin(shutdown.graceful.cancelled_owned()),
+        hard: Box::pin(shutdown.hard.cancelled_owned()),
+        closing: false,
+        last_request: now,
+        deadline: Box::pin(tokio::time::sleep_until(now + limits.handshake_timeout)),
+        keepalive: Box::pin(tokio::time::sleep_until(now + limits.keepalive_interval)),
+        ping_out: false,
+        unflushed: false,
+    };
+    let end = std::future::poll_fn(|cx| driver.poll(cx)).await;
+    tracing::debug!(conn = id, open_for = ?opened.elapsed(), "connection closed: {end}");
 }
 
-/// Most streams a client may reset before the agent has accepted them
-/// (the "rapid reset" attack) before the connection is closed. Not small:
-/// while the agent itself stalls (a pause, CPU starvation), a client's
-/// timed-out attempts pile up in the socket as opened-then-reset streams
-/// and are all read at once when it runs again: 8 callers timing out every
-/// 30 ms during a 1 s stall leave about 270. With h2's default (20), or the
-/// 64 used before, the agent then closed the connection of a well-behaved
-/// client, failing its requests in flight. An attacker still cannot make
-/// the agent hold more than this many dead streams per connection.
-const MAX_PENDING_RESETS: usize = 1024;
+/// A request's future, as the driver runs it.
+type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Keep-alive pings of one connection, as a state that outlives the turns
-/// of the connection's `select!` loop (whose branches are dropped and made
-/// again on every turn). Before, the wait for a ping's answer was such a
-/// branch: a request finishing while a ping was out dropped it, the next
-/// turn sent a second ping while the first was pending, h2 refused it, and
-/// the agent closed the connection as dead — every busy connection once per
-/// `keepalive_interval`, failing the requests in flight on it
-/// (`hostile_clients::keepalive_pings_do_not_close_a_busy_connection`).
-struct Keepalive {
-    ping: Option<h2::PingPong>,
-    interval: Duration,
-    timeout: Duration,
-    /// A ping is out and its answer is awaited.
-    waiting: bool,
-    /// Fires when the next ping is due, or (waiting) when the answer is late.
-    timer: Pin<Box<tokio::time::Sleep>>,
+/// The I/O of one connection: reads frames into the [`Conn`], runs its
+/// requests, writes what they answer, keeps time (handshake, idle,
+/// keep-alive). One task per connection; requests are futures inside it.
+struct Driver<T> {
+    io: T,
+    read: BytesMut,
+    shared: Arc<Shared>,
+    oip: Arc<Oip>,
+    info: ConnInfo,
+    requests: FuturesUnordered<Call>,
+    limits: ServerLimits,
+    graceful: Pin<Box<WaitForCancellationFutureOwned>>,
+    hard: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// GOAWAY sent (shutdown or idle): open streams finish, then it ends.
+    closing: bool,
+    last_request: tokio::time::Instant,
+    /// The handshake's deadline until the client's SETTINGS arrive; then
+    /// the idle timeout's.
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the next keep-alive ping is due, or (`ping_out`) its answer.
+    keepalive: Pin<Box<tokio::time::Sleep>>,
+    ping_out: bool,
+    /// Bytes were written and not flushed (TLS).
+    unflushed: bool,
 }
 
-impl Keepalive {
-    fn new(ping: Option<h2::PingPong>, interval: Duration, timeout: Duration) -> Self {
-        Self {
-            ping,
-            interval,
-            timeout,
-            waiting: false,
-            timer: Box::pin(tokio::time::sleep(interval)),
+impl<T> Driver<T>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    /// Ready (with why) when the connection is over.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<&'static str> {
+        if self.hard.as_mut().poll(cx).is_ready() {
+            return Poll::Ready("the agent stopped");
         }
-    }
-
-    /// Sends pings when due and takes their answers; ready when the peer is
-    /// dead (no answer within `timeout`, or the connection refused the ping).
-    fn poll_dead(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(ping) = self.ping.as_mut() else {
-            return Poll::Pending;
-        };
+        if !self.closing && self.graceful.as_mut().poll(cx).is_ready() {
+            self.closing = true;
+            self.shared.with(|c, _| c.go_away());
+        }
         loop {
-            if self.waiting {
-                match ping.poll_pong(cx) {
+            let mut progress = false;
+            // Read, unless the client is not reading what it gets.
+            let reading = self.shared.with(|c, _| c.out.len() < OUT_HIGH);
+            if reading {
+                if self.read.capacity() - self.read.len() < READ_CHUNK / 2 {
+                    self.read.reserve(READ_CHUNK);
+                }
+                match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready("the client closed it"),
                     Poll::Ready(Ok(_)) => {
-                        self.waiting = false;
-                        let next = tokio::time::Instant::now() + self.interval;
-                        self.timer.as_mut().reset(next);
+                        progress = true;
+                        self.on_read();
                     }
-                    Poll::Ready(Err(_)) => return Poll::Ready(()),
+                    Poll::Ready(Err(e)) => {
+                        tracing::debug!(conn = self.info.id, error = %e, "read failed");
+                        return Poll::Ready("a read failed");
+                    }
                     Poll::Pending => {}
                 }
             }
-            ready!(self.timer.as_mut().poll(cx));
-            if self.waiting {
-                return Poll::Ready(());
+            // Run the requests, then write what is queued.
+            self.shared
+                .inner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .polling = true;
+            while let Poll::Ready(Some(())) = self.requests.poll_next_unpin(cx) {}
+            let mut inner = self.shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+            inner.polling = false;
+            let conn = &mut inner.conn;
+            while !conn.out.is_empty() {
+                let mut slices = [IoSlice::new(&[]); 16];
+                let n = conn.out.slices(&mut slices);
+                match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..n]) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready("the socket took no bytes"),
+                    Poll::Ready(Ok(n)) => {
+                        conn.out.advance(n);
+                        self.unflushed = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        tracing::debug!(conn = self.info.id, error = %e, "write failed");
+                        return Poll::Ready("a write failed");
+                    }
+                    Poll::Pending => break,
+                }
             }
-            if ping.send_ping(h2::Ping::opaque()).is_err() {
-                return Poll::Ready(());
+            if self.unflushed && conn.out.is_empty() {
+                match Pin::new(&mut self.io).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => self.unflushed = false,
+                    Poll::Ready(Err(_)) => return Poll::Ready("a write failed"),
+                    Poll::Pending => {}
+                }
             }
-            self.waiting = true;
-            let late = tokio::time::Instant::now() + self.timeout;
-            self.timer.as_mut().reset(late);
+            if let Some(why) = conn.failed() {
+                if conn.out.is_empty() || !reading {
+                    return Poll::Ready(why);
+                }
+            }
+            if conn.out.is_empty() && conn.is_finished() {
+                return Poll::Ready(if self.closing {
+                    "closed (GOAWAY)"
+                } else {
+                    "the client went away"
+                });
+            }
+            if self.ping_out && conn.take_pong() {
+                self.ping_out = false;
+                let next = tokio::time::Instant::now() + self.limits.keepalive_interval;
+                self.keepalive.as_mut().reset(next);
+            }
+            let settled = conn.is_settled();
+            let idle = conn.open_streams() == 0;
+            if !progress {
+                inner.driver = match inner.driver.take() {
+                    Some(w) if w.will_wake(cx.waker()) => Some(w),
+                    _ => Some(cx.waker().clone()),
+                };
+                drop(inner);
+                return self.poll_timers(cx, settled, idle);
+            }
         }
+    }
+
+    /// Hands what was read to the connection and starts new requests.
+    fn on_read(&mut self) {
+        let mut accepted = Vec::new();
+        let read = &mut self.read;
+        self.shared.with(|c, wake| {
+            c.on_read(read, wake);
+            while let Some(req) = c.accept() {
+                accepted.push(req);
+            }
+        });
+        if accepted.is_empty() {
+            return;
+        }
+        self.last_request = tokio::time::Instant::now();
+        for (id, req) in accepted {
+            let call = Cancellable {
+                shared: Arc::clone(&self.shared),
+                id,
+                inner: handle(
+                    Arc::clone(&self.oip),
+                    self.info.clone(),
+                    Arc::clone(&self.shared),
+                    id,
+                    req,
+                ),
+            };
+            self.requests.push(Box::pin(call));
+        }
+    }
+
+    /// The handshake, idle and keep-alive timers; ready when the
+    /// connection must end.
+    fn poll_timers(
+        &mut self,
+        cx: &mut Context<'_>,
+        settled: bool,
+        idle: bool,
+    ) -> Poll<&'static str> {
+        let now = tokio::time::Instant::now();
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            if !settled {
+                return Poll::Ready("no HTTP/2 handshake within handshake_timeout");
+            }
+            let idle_at = self.last_request + self.limits.idle_timeout;
+            if idle && !self.closing && idle_at <= now {
+                tracing::debug!(conn = self.info.id, idle = ?self.limits.idle_timeout, "closing an idle connection");
+                self.closing = true;
+                self.shared.with(|c, _| c.go_away());
+                cx.waker().wake_by_ref();
+            } else {
+                let next = idle_at.max(now + Duration::from_millis(1));
+                self.deadline.as_mut().reset(next);
+                let _ = self.deadline.as_mut().poll(cx);
+            }
+        }
+        if !self.limits.keepalive_interval.is_zero() && self.keepalive.as_mut().poll(cx).is_ready()
+        {
+            if self.ping_out {
+                return Poll::Ready("the client did not answer a ping");
+            }
+            self.ping_out = self.shared.with(|c, _| c.ping());
+            self.keepalive
+                .as_mut()
+                .reset(now + self.limits.keepalive_timeout);
+            let _ = self.keepalive.as_mut().poll(cx);
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Driver<T> {
+    fn drop(&mut self) {
+        // Bodies read elsewhere (streams) see the connection gone.
+        self.shared.with(|c, wake| c.close_all(wake));
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's future, dropped when the client resets its stream (the
+    /// request then leaves a queue, or cancels its call to the worker).
+    struct Cancellable<F> {
+        shared: Arc<Shared>,
+        id: u32,
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Cancellable<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        let id = *this.id;
+        if this.shared.with(|c, _| c.poll_reset(id, cx.waker())) {
+            return Poll::Ready(());
+        }
+        this.inner.poll(cx)
+    }
+}
+
+/// Tells the connection a request's handler is over, however it ended.
+struct Finish<'a> {
+    shared: &'a Shared,
+    id: u32,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.shared.with(|c, wake| c.finish(id, wake));
     }
 }
 
 /// Serves one request on its stream: routes it, sends the response.
-async fn handle(
-    oip: Arc<Oip>,
-    info: ConnInfo,
-    req: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-    hard: &CancellationToken,
-) {
-    let mut req = req.map(RequestBody);
-    req.extensions_mut().insert(info);
-    let resp = tokio::select! {
-        r = oip.route(req) => r,
-        _ = hard.cancelled() => status_response(
-            Status::unavailable("the agent is stopping"),
-            &oip.pool,
-        ),
+async fn handle(oip: Arc<Oip>, info: ConnInfo, shared: Arc<Shared>, id: u32, req: Request<()>) {
+    let _finish = Finish {
+        shared: &shared,
+        id,
     };
+    let mut req = req.map(|()| RequestBody {
+        shared: Arc::clone(&shared),
+        id,
+    });
+    req.extensions_mut().insert(info);
+    let resp = oip.route(req).await;
     let (head, body) = resp.into_parts();
     let end = body.is_end_stream();
-    let Ok(send) = respond.send_response(Response::from_parts(head, ()), end) else {
-        return;
-    };
+    shared.with(|c, _| c.send_head(id, head.status.as_u16(), &head.headers, end));
     if !end {
-        pipe(body, send).await;
+        pipe(body, &shared, id).await;
     }
 }
 
-/// Sends `body` on `send`: data within the flow-control window (after the
-/// first [`EAGER_BYTES`]), in pieces no larger than the capacity h2 grants,
-/// then trailers.
-async fn pipe(mut body: FrontBody, mut send: SendStream<Bytes>) {
-    let mut eager = EAGER_BYTES;
+/// Sends `body` on stream `id`: data as the client's windows allow (at
+/// most [`conn::EAGER_BYTES`] queued ahead of them), then trailers.
+async fn pipe(mut body: FrontBody, shared: &Shared, id: u32) {
     loop {
-        let frame = std::future::poll_fn(|cx| {
-            if send.poll_reset(cx).is_ready() {
-                return Poll::Ready(None);
-            }
-            Pin::new(&mut body).poll_frame(cx)
-        })
-        .await;
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
         let frame = match frame {
             None => {
-                let _ = send.send_data(Bytes::new(), true);
+                shared.with(|c, wake| c.send_end(id, None, wake));
                 return;
             }
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "response body failed");
-                send.send_reset(h2::Reason::INTERNAL_ERROR);
+                shared.with(|c, wake| c.send_reset(id, code::INTERNAL_ERROR, wake));
                 return;
             }
             Some(Ok(frame)) => frame,
         };
         match frame.into_data() {
-            Ok(mut data) => {
-                if data.len() <= eager {
-                    eager -= data.len();
-                    if send.send_data(data, false).is_err() {
-                        return;
+            Ok(data) => {
+                shared.with(|c, wake| c.send_data(id, data, wake));
+                let ready = std::future::poll_fn(|cx| {
+                    match shared.with(|c, _| c.poll_send_ready(id, cx.waker())) {
+                        Some(ready) => Poll::Ready(ready),
+                        None => Poll::Pending,
                     }
-                    continue;
-                }
-                // Beyond the eager bytes, send what the window allows at a
-                // time: h2 never grants more capacity than its send buffer
-                // (400 KiB), so waiting for a whole larger frame would wait
-                // forever (a rewritten shared-memory response is one frame).
-                while !data.is_empty() {
-                    send.reserve_capacity(data.len());
-                    let granted = loop {
-                        let cap = send.capacity();
-                        if cap > 0 {
-                            break cap;
-                        }
-                        match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
-                            Some(Ok(_)) => {}
-                            _ => return,
-                        }
-                    };
-                    let chunk = data.split_to(granted.min(data.len()));
-                    if send.send_data(chunk, false).is_err() {
-                        return;
-                    }
+                })
+                .await;
+                if !ready {
+                    return;
                 }
             }
             Err(frame) => {
                 if let Ok(trailers) = frame.into_trailers() {
-                    let _ = send.send_trailers(trailers);
+                    shared.with(|c, wake| c.send_end(id, Some(&trailers), wake));
                 }
                 return;
             }
@@ -520,36 +613,33 @@ async fn pipe(mut body: FrontBody, mut send: SendStream<Bytes>) {
     }
 }
 
-/// A request body read from its h2 stream, giving flow-control window back
+/// A request body, read from its stream; window goes back to the client
 /// as it is read.
-pub struct RequestBody(RecvStream);
+pub struct RequestBody {
+    shared: Arc<Shared>,
+    id: u32,
+}
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = h2::Error;
+    type Error = StreamError;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        let recv = &mut self.0;
-        match ready!(recv.poll_data(cx)) {
-            Some(Ok(data)) => {
-                let _ = recv.flow_control().release_capacity(data.len());
-                return Poll::Ready(Some(Ok(Frame::data(data))));
-            }
-            Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-            None => {}
+    ) -> Poll<Option<Result<Frame<Bytes>, StreamError>>> {
+        let id = self.id;
+        match self.shared.with(|c, _| c.poll_data(id, cx.waker())) {
+            Some(Some(Ok(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            Some(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Some(None) => Poll::Ready(None),
+            None => Poll::Pending,
         }
-        Poll::Ready(match ready!(recv.poll_trailers(cx)) {
-            Ok(Some(t)) => Some(Ok(Frame::trailers(t))),
-            Ok(None) => None,
-            Err(e) => Some(Err(e)),
-        })
     }
 
     fn is_end_stream(&self) -> bool {
-        self.0.is_end_stream()
+        let id = self.id;
+        self.shared.with(|c, _| c.is_end_stream(id))
     }
 }
 
@@ -591,81 +681,5 @@ impl Oip {
                 pool: Arc::clone(&self.pool),
             },
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A server-side HTTP/2 connection over an in-memory pipe, its
-    /// keep-alive, and the client's end (`answer`: whether the client's
-    /// connection task runs, which answers pings).
-    async fn pair(
-        interval: Duration,
-        timeout: Duration,
-        answer: bool,
-    ) -> (
-        h2::server::Connection<tokio::io::DuplexStream, Bytes>,
-        Keepalive,
-    ) {
-        let (a, b) = tokio::io::duplex(64 << 10);
-        tokio::spawn(async move {
-            let (_send, conn) = h2::client::handshake(b).await.unwrap();
-            if answer {
-                let _ = conn.await;
-            } else {
-                // Holds the connection open without ever reading again.
-                std::future::pending::<()>().await;
-            }
-        });
-        let mut server = h2::server::handshake(a).await.unwrap();
-        let keepalive = Keepalive::new(server.ping_pong(), interval, timeout);
-        (server, keepalive)
-    }
-
-    /// A connection loop whose turns come every millisecond (as on a busy
-    /// connection) keeps a peer that answers its pings for ten intervals.
-    /// The earlier keep-alive (an awaiting branch of the loop) fails this:
-    /// it took the peer for dead at the first ping.
-    #[tokio::test(start_paused = true)]
-    async fn a_busy_loop_keeps_a_peer_that_answers_pings() {
-        let (mut conn, mut keepalive) =
-            pair(Duration::from_secs(30), Duration::from_secs(20), true).await;
-        let end = tokio::time::Instant::now() + Duration::from_secs(300);
-        loop {
-            tokio::select! {
-                _ = conn.accept() => panic!("the client opened nothing"),
-                () = std::future::poll_fn(|cx| keepalive.poll_dead(cx)) => {
-                    panic!("a live peer was taken for dead")
-                }
-                // Another branch winning every turn, as requests do.
-                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-            }
-            if tokio::time::Instant::now() >= end {
-                break;
-            }
-        }
-    }
-
-    /// A peer that never answers is found dead one interval plus one
-    /// timeout after the connection started, on a busy loop too.
-    #[tokio::test(start_paused = true)]
-    async fn a_peer_that_does_not_answer_is_found_dead_after_the_timeout() {
-        let (mut conn, mut keepalive) =
-            pair(Duration::from_secs(30), Duration::from_secs(20), false).await;
-        let started = tokio::time::Instant::now();
-        loop {
-            tokio::select! {
-                _ = conn.accept() => {}
-                () = std::future::poll_fn(|cx| keepalive.poll_dead(cx)) => break,
-                _ = tokio::time::sleep(Duration::from_millis(1)) => {}
-            }
-        }
-        assert_eq!(
-            started.elapsed().as_secs(),
-            50,
-            "dead after interval + timeout"
-        );
     }
 }

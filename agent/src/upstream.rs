@@ -11,7 +11,8 @@
 //! connection task twice and paid for its stream store, locks and HPACK
 //! table; see BENCHMARKS.md for what this saves.
 
-mod conn;
+pub(crate) mod conn;
+pub mod hpack;
 pub mod wire;
 
 use std::future::poll_fn;

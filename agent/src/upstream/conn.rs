@@ -8,13 +8,14 @@
 //! WINDOW_UPDATE, RST_STREAM, GOAWAY, CONTINUATION, padding); what breaks
 //! the protocol ends the connection with GOAWAY, failing its streams.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::task::Waker;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::hpack;
 use super::wire::{self, code, flag, kind, setting};
 
 /// The receive window of each stream, as the agent advertises it.
@@ -77,11 +78,19 @@ impl Out {
         self.chunks.is_empty() && self.tail.is_empty()
     }
 
-    fn buf(&mut self) -> &mut BytesMut {
+    /// Bytes waiting.
+    pub fn len(&self) -> usize {
+        self.chunks.iter().map(Bytes::len).sum::<usize>() + self.tail.len()
+    }
+
+    /// The buffer frames are written into.
+    pub(crate) fn buf(&mut self) -> &mut BytesMut {
         &mut self.tail
     }
 
-    fn payload(&mut self, data: Bytes) {
+    /// A frame's payload, after its header: copied next to it when small,
+    /// else kept as it is.
+    pub(crate) fn payload(&mut self, data: Bytes) {
         if data.len() < COPY_BELOW {
             self.tail.extend_from_slice(&data);
         } else {
@@ -155,7 +164,7 @@ pub struct Conn {
     authority: Bytes,
     path: &'static [u8],
     pub out: Out,
-    streams: HashMap<u32, Stream>,
+    streams: wire::StreamMap<Stream>,
     next_id: u32,
     /// Streams with request bytes waiting for window, oldest first.
     sending: VecDeque<u32>,
@@ -165,7 +174,7 @@ pub struct Conn {
     peer_max_streams: usize,
     recv_window: i64,
     unacked: u32,
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: hpack::Decoder,
     /// A header block waiting for its CONTINUATION frames.
     block: Option<(u32, u8, BytesMut)>,
     /// GOAWAY received: no new streams.
@@ -190,7 +199,7 @@ impl Conn {
             authority: Bytes::copy_from_slice(authority.as_bytes()),
             path: path.as_bytes(),
             out: Out::default(),
-            streams: HashMap::new(),
+            streams: wire::StreamMap::default(),
             next_id: 1,
             sending: VecDeque::new(),
             send_window: wire::DEFAULT_WINDOW,
@@ -199,12 +208,11 @@ impl Conn {
             peer_max_streams: usize::MAX,
             recv_window: i64::from(CONNECTION_WINDOW),
             unacked: 0,
-            decoder: loona_hpack::Decoder::new(),
+            decoder: hpack::Decoder::new(4096),
             block: None,
             going_away: false,
             failed: None,
         };
-        conn.decoder.set_max_allowed_table_size(4096);
         let out = conn.out.buf();
         out.extend_from_slice(wire::PREFACE);
         wire::put_settings(
@@ -524,24 +532,19 @@ impl Conn {
         let mut malformed = None;
         let mut fields = 0usize;
         self.decoder
-            .decode_with_cb(block, |name, value| {
+            .decode(block, |name, value| {
                 fields += 1;
                 if fields > MAX_HEADER_FIELDS {
                     malformed = Some("too many header fields");
                     return;
                 }
                 if name.first() == Some(&b':') {
-                    if &name[..] == b":status" {
-                        status = std::str::from_utf8(&value)
-                            .ok()
-                            .and_then(|s| s.parse().ok());
+                    if name == b":status" {
+                        status = std::str::from_utf8(value).ok().and_then(|s| s.parse().ok());
                     }
                     return;
                 }
-                match (
-                    HeaderName::from_bytes(&name),
-                    HeaderValue::from_bytes(&value),
-                ) {
+                match (HeaderName::from_bytes(name), HeaderValue::from_bytes(value)) {
                     (Ok(n), Ok(v)) => {
                         headers.append(n, v);
                     }

@@ -9,7 +9,32 @@
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+/// Streams by id, hashed cheaply: ids are small integers chosen by the
+/// peer, and a stream table is bounded by the connection's stream limit.
+pub type StreamMap<V> =
+    std::collections::HashMap<u32, V, std::hash::BuildHasherDefault<StreamIdHasher>>;
+
+/// Fibonacci hashing of a stream id (see [`StreamMap`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StreamIdHasher(u64);
+
+impl std::hash::Hasher for StreamIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
 
 /// The path of `ModelInfer`, the one method sent on these connections.
 pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -52,6 +77,7 @@ pub mod setting {
     pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
     pub const INITIAL_WINDOW_SIZE: u16 = 0x4;
     pub const MAX_FRAME_SIZE: u16 = 0x5;
+    pub const MAX_HEADER_LIST_SIZE: u16 = 0x6;
 }
 
 /// Error codes (RFC 9113 §7).
@@ -63,6 +89,9 @@ pub mod code {
     pub const REFUSED_STREAM: u32 = 0x7;
     pub const CANCEL: u32 = 0x8;
     pub const COMPRESSION_ERROR: u32 = 0x9;
+    pub const INTERNAL_ERROR: u32 = 0x2;
+    pub const STREAM_CLOSED: u32 = 0x5;
+    pub const ENHANCE_YOUR_CALM: u32 = 0xb;
 }
 
 /// A frame header as read.
@@ -192,6 +221,53 @@ fn static_name(name: &str) -> Option<usize> {
     })
 }
 
+/// One header field as a literal that is not indexed (never indexed when
+/// its value is marked sensitive), its name from the static table when
+/// there.
+pub fn put_field(out: &mut BytesMut, name: &HeaderName, value: &HeaderValue) {
+    let sensitive = value.is_sensitive();
+    match static_name(name.as_str()) {
+        Some(i) => put_literal_indexed_name(out, i, value.as_bytes(), sensitive),
+        None => put_literal(out, name.as_str().as_bytes(), value.as_bytes(), sensitive),
+    }
+}
+
+/// A response's header block: `:status`, then `headers` less the
+/// connection-specific ones (RFC 9113 8.2.2).
+pub fn put_response_block(out: &mut BytesMut, status: u16, headers: &HeaderMap) {
+    match status {
+        200 => put_indexed(out, 8),
+        _ => {
+            let mut n = itoa::Buffer::new();
+            put_literal_indexed_name(out, 8, n.format(status).as_bytes(), false);
+        }
+    }
+    put_fields(out, headers);
+}
+
+/// `headers` less the connection-specific ones, as [`put_field`]s (a
+/// trailer block).
+pub fn put_fields(out: &mut BytesMut, headers: &HeaderMap) {
+    for (name, value) in headers {
+        if !connection_specific(name.as_str()) {
+            put_field(out, name, value);
+        }
+    }
+}
+
+/// Headers that HTTP/2 forbids (RFC 9113 8.2.2).
+pub fn connection_specific(name: &str) -> bool {
+    connection_specific_bytes(name.as_bytes())
+}
+
+/// [`connection_specific`], of a name as received.
+pub fn connection_specific_bytes(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding" | b"upgrade"
+    )
+}
+
 /// Headers of a caller's request that do not travel to the worker: the
 /// hop-by-hop ones, and `te` and `grpc-timeout`, which the agent sets.
 pub fn hop_only(name: &str) -> bool {
@@ -241,13 +317,8 @@ pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta
     put_literal_indexed_name(out, 1, authority, false);
     let put_map = |out: &mut BytesMut, map: &HeaderMap, skip: &dyn Fn(&str) -> bool| {
         for (name, value) in map {
-            if skip(name.as_str()) {
-                continue;
-            }
-            let sensitive = value.is_sensitive();
-            match static_name(name.as_str()) {
-                Some(i) => put_literal_indexed_name(out, i, value.as_bytes(), sensitive),
-                None => put_literal(out, name.as_str().as_bytes(), value.as_bytes(), sensitive),
+            if !skip(name.as_str()) {
+                put_field(out, name, value);
             }
         }
     };
@@ -278,7 +349,6 @@ pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     #[test]
     fn integers_use_the_prefix_then_continuation_bytes() {
