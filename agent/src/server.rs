@@ -1,8 +1,9 @@
 //! The OIP port: accepting connections, serving HTTP/2 on them, routing
 //! each request.
 //!
-//! The agent runs its own accept loop and serves HTTP/2 with the `h2` crate
-//! directly, rather than through tonic's server and hyper, so that every
+//! The agent runs its own accept loop and serves HTTP/2 itself (the
+//! protocol state in [`conn`], the I/O in the connection's driver here),
+//! rather than through tonic's server, hyper or `h2`, so that every
 //! resource a client can take is bounded, every task is tracked, and the
 //! hop stays lean: a connection's requests run inside the connection's own
 //! task (no task per request, no wake-up to reach the socket), and a
@@ -223,10 +224,10 @@ async fn connection(
     }
     let io = FirstByteDeadline::new(tcp, limits.handshake_timeout);
     match tls {
-        None => serve_connection(io, info, oip, limits, shutdown).await,
+        None => serve_connection(io, info, Arc::new(oip), limits, shutdown).await,
         Some(acceptor) => {
             if let Some(tls) = crate::tls::accept(&acceptor, io, limits.handshake_timeout).await {
-                serve_connection(tls, info, oip, limits, shutdown).await;
+                serve_connection(tls, info, Arc::new(oip), limits, shutdown).await;
             }
         }
     }
@@ -265,14 +266,18 @@ impl Shared {
     }
 }
 
-async fn serve_connection<T>(
+/// Serves HTTP/2 on `io` until the connection ends: the client leaves,
+/// breaks the protocol, stops answering pings, idles out, or the agent
+/// shuts down. Requests are answered by `router`.
+async fn serve_connection<T, R>(
     io: T,
     info: ConnInfo,
-    oip: Oip,
+    router: Arc<R>,
     limits: ServerLimits,
     shutdown: Shutdown,
 ) where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    R: Router,
 {
     let id = info.id;
     let opened = Instant::now();
@@ -295,7 +300,7 @@ async fn serve_connection<T>(
         shared: Arc::clone(&shared),
         // Shared by this connection's requests: one reference count per
         // request instead of one per field.
-        oip: Arc::new(oip),
+        router,
         info,
         requests: FuturesUnordered::new(),
         limits,
@@ -318,11 +323,11 @@ type Call = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// The I/O of one connection: reads frames into the [`Conn`], runs its
 /// requests, writes what they answer, keeps time (handshake, idle,
 /// keep-alive). One task per connection; requests are futures inside it.
-struct Driver<T> {
+struct Driver<T, R> {
     io: T,
     read: BytesMut,
     shared: Arc<Shared>,
-    oip: Arc<Oip>,
+    router: Arc<R>,
     info: ConnInfo,
     requests: FuturesUnordered<Call>,
     limits: ServerLimits,
@@ -341,9 +346,10 @@ struct Driver<T> {
     unflushed: bool,
 }
 
-impl<T> Driver<T>
+impl<T, R> Driver<T, R>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    R: Router,
 {
     /// Ready (with why) when the connection is over.
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<&'static str> {
@@ -457,7 +463,7 @@ where
                 shared: Arc::clone(&self.shared),
                 id,
                 inner: handle(
-                    Arc::clone(&self.oip),
+                    Arc::clone(&self.router),
                     self.info.clone(),
                     Arc::clone(&self.shared),
                     id,
@@ -508,7 +514,7 @@ where
     }
 }
 
-impl<T> Drop for Driver<T> {
+impl<T, R> Drop for Driver<T, R> {
     fn drop(&mut self) {
         // Bodies read elsewhere (streams) see the connection gone.
         self.shared.with(|c, wake| c.close_all(wake));
@@ -553,7 +559,13 @@ impl Drop for Finish<'_> {
 }
 
 /// Serves one request on its stream: routes it, sends the response.
-async fn handle(oip: Arc<Oip>, info: ConnInfo, shared: Arc<Shared>, id: u32, req: Request<()>) {
+async fn handle<R: Router>(
+    router: Arc<R>,
+    info: ConnInfo,
+    shared: Arc<Shared>,
+    id: u32,
+    req: Request<()>,
+) {
     let _finish = Finish {
         shared: &shared,
         id,
@@ -563,7 +575,7 @@ async fn handle(oip: Arc<Oip>, info: ConnInfo, shared: Arc<Shared>, id: u32, req
         id,
     });
     req.extensions_mut().insert(info);
-    let resp = oip.route(req).await;
+    let resp = router.route(req).await;
     let (head, body) = resp.into_parts();
     let end = body.is_end_stream();
     shared.with(|c, _| c.send_head(id, head.status.as_u16(), &head.headers, end));
@@ -643,6 +655,19 @@ impl Body for RequestBody {
     }
 }
 
+/// What a connection's requests are answered by: the OIP port's routes
+/// ([`Oip`]), or a stand-in in tests.
+pub trait Router: Send + Sync + 'static {
+    /// Answers one request.
+    fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send;
+}
+
+impl Router for Oip {
+    fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send {
+        Oip::route(self, req)
+    }
+}
+
 impl Oip {
     /// Answers one request.
     pub async fn route(&self, req: Request<RequestBody>) -> Response<FrontBody> {
@@ -681,5 +706,219 @@ impl Oip {
                 pool: Arc::clone(&self.pool),
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The connection driver in-process, under tokio's paused clock, with
+    //! `h2`'s client (a peer we did not write) over an in-memory pipe.
+
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::sync::Notify;
+
+    /// Answers with the request's body as its message; `/hang` never
+    /// answers, and counts its requests dropped.
+    #[derive(Default)]
+    struct Echo {
+        dropped: Arc<AtomicUsize>,
+        drop_seen: Arc<Notify>,
+    }
+
+    struct OnDrop(Arc<AtomicUsize>, Arc<Notify>);
+
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            self.1.notify_one();
+        }
+    }
+
+    impl Router for Echo {
+        fn route(
+            &self,
+            req: Request<RequestBody>,
+        ) -> impl Future<Output = Response<FrontBody>> + Send {
+            let guard = (req.uri().path() == "/hang")
+                .then(|| OnDrop(Arc::clone(&self.dropped), Arc::clone(&self.drop_seen)));
+            async move {
+                if let Some(_guard) = guard {
+                    std::future::pending::<()>().await;
+                }
+                let mut body = req.into_body();
+                let mut data = BytesMut::new();
+                while let Some(frame) =
+                    std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+                {
+                    if let Ok(d) = frame.unwrap().into_data() {
+                        data.extend_from_slice(&d);
+                    }
+                }
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                Response::new(FrontBody::Message {
+                    data: Some(data.freeze()),
+                    trailers: Some(trailers),
+                })
+            }
+        }
+    }
+
+    fn limits() -> ServerLimits {
+        ServerLimits {
+            max_connections: 10,
+            max_concurrent_streams: 100,
+            stream_window: 1 << 20,
+            connection_window: 4 << 20,
+            max_header_list_size: 16 << 10,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(20),
+        }
+    }
+
+    fn shutdown() -> Shutdown {
+        Shutdown {
+            graceful: CancellationToken::new(),
+            hard: CancellationToken::new(),
+        }
+    }
+
+    /// A connection served with `limits` by `router`; the client's end.
+    fn serve(
+        limits: ServerLimits,
+        router: Arc<Echo>,
+        shutdown: Shutdown,
+    ) -> (tokio::io::DuplexStream, tokio::task::JoinHandle<Duration>) {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let info = ConnInfo {
+            id: 1,
+            remote: None,
+        };
+        let served = tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            serve_connection(a, info, router, limits, shutdown).await;
+            started.elapsed()
+        });
+        (b, served)
+    }
+
+    fn request(path: &str) -> Request<()> {
+        Request::post(format!("http://agent{path}"))
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+    }
+
+    async fn call(client: &mut h2::client::SendRequest<Bytes>, body: &'static [u8]) -> Bytes {
+        let mut ready = client.clone().ready().await.unwrap();
+        let (resp, mut send) = ready.send_request(request("/echo"), false).unwrap();
+        send.send_data(Bytes::from_static(body), true).unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut got = BytesMut::new();
+        while let Some(d) = body.data().await {
+            let d = d.unwrap();
+            let _ = body.flow_control().release_capacity(d.len());
+            got.extend_from_slice(&d);
+        }
+        let trailers = body.trailers().await.unwrap().unwrap();
+        assert_eq!(trailers["grpc-status"], "0");
+        got.freeze()
+    }
+
+    /// Requests answered on a connection whose client answers pings: it
+    /// stays open across ten keep-alive intervals (the earlier keep-alive
+    /// closed every busy connection once per interval).
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_connection_whose_client_answers_pings_stays_open() {
+        let (io, served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+        let (mut client, conn) = h2::client::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let end = tokio::time::Instant::now() + Duration::from_secs(300);
+        while tokio::time::Instant::now() < end {
+            assert_eq!(&call(&mut client, b"ping?").await[..], b"ping?");
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        assert!(!served.is_finished(), "the connection was closed");
+    }
+
+    /// A client that never answers is dropped one interval plus one
+    /// timeout after the connection began.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_does_not_answer_pings_is_dropped_after_the_timeout() {
+        let (io, served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+        let (_client, mut conn) = h2::client::handshake(io).await.unwrap();
+        // The client's preface and SETTINGS go out; then its connection is
+        // never polled again.
+        let _ = tokio::time::timeout(Duration::from_millis(1), &mut conn).await;
+        assert_eq!(served.await.unwrap(), Duration::from_secs(50));
+        // One that never sends its preface is dropped at the handshake
+        // timeout.
+        let (_io, served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+        assert_eq!(served.await.unwrap(), limits().handshake_timeout);
+    }
+
+    /// With no request for `idle_timeout`, the agent sends GOAWAY and the
+    /// connection ends.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+        let limits = ServerLimits {
+            idle_timeout: Duration::from_secs(45),
+            keepalive_interval: Duration::from_secs(10),
+            ..limits()
+        };
+        let (io, served) = serve(limits, Arc::new(Echo::default()), shutdown());
+        let (mut client, conn) = h2::client::handshake(io).await.unwrap();
+        let conn = tokio::spawn(conn);
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        call(&mut client, b"x").await;
+        assert_eq!(served.await.unwrap(), Duration::from_secs(65));
+        conn.await.unwrap().unwrap();
+    }
+
+    /// A stream the client resets drops its request's future at once (a
+    /// request waiting in a queue leaves it).
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_the_client_resets_drops_its_request() {
+        let echo = Arc::new(Echo::default());
+        let (io, _served) = serve(limits(), Arc::clone(&echo), shutdown());
+        let (client, conn) = h2::client::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let mut ready = client.ready().await.unwrap();
+        let (resp, send) = ready.send_request(request("/hang"), true).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(echo.dropped.load(Ordering::SeqCst), 0);
+        drop((resp, send));
+        echo.drop_seen.notified().await;
+        assert_eq!(echo.dropped.load(Ordering::SeqCst), 1);
+        // And the connection serves on.
+        let mut ready = ready.ready().await.unwrap();
+        assert_eq!(&call(&mut ready, b"after").await[..], b"after");
+    }
+
+    /// Graceful shutdown: GOAWAY, the request in flight is answered, the
+    /// connection then ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_graceful_shutdown_lets_the_request_in_flight_finish() {
+        let stop = shutdown();
+        let (io, served) = serve(limits(), Arc::new(Echo::default()), stop.clone());
+        let (client, conn) = h2::client::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let mut ready = client.ready().await.unwrap();
+        let (resp, mut send) = ready.send_request(request("/echo"), false).unwrap();
+        send.send_data(Bytes::from_static(b"part"), false).unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stop.graceful.cancel();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!served.is_finished(), "a request is in flight");
+        send.send_data(Bytes::from_static(b"-end"), true).unwrap();
+        let resp = resp.await.unwrap();
+        let mut body = resp.into_body();
+        assert_eq!(&body.data().await.unwrap().unwrap()[..], b"part-end");
+        served.await.unwrap();
     }
 }

@@ -92,6 +92,16 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `N` distinct loopback ports nobody listens on right now (held together
+/// while chosen: two `free_port` calls may return the same port, which made
+/// an agent's OIP and admin ports collide once in CI).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
+}
+
 /// A plaintext HTTP/1.0 GET of `path` at `addr`; the whole response.
 pub async fn http_get(addr: impl tokio::net::ToSocketAddrs, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -157,7 +167,7 @@ impl AgentBuilder {
 
     /// Starts the agent without waiting.
     pub fn spawn(self) -> Agent {
-        let (oip, admin) = (free_port(), free_port());
+        let [oip, admin] = free_ports();
         let dir = std::env::temp_dir().join(format!("infermesh-test-{}-{oip}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("agent.log");
