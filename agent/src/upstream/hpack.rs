@@ -192,12 +192,16 @@ fn string<'c, 'a: 'c, 'b: 'c>(
 
 /// HPACK's Huffman code in canonical form: for each code length, the first
 /// code of that length, how many there are, and where their symbols start
-/// in `symbols` (ordered by length, then symbol).
+/// in `symbols` (ordered by length, then symbol); and, for the codes of at
+/// most 8 bits (most bytes of header text), a table indexed by the next 8
+/// bits giving symbol and length at once.
 struct Canonical {
     first: [u32; 31],
     count: [u32; 31],
     offset: [u16; 31],
     symbols: [u16; 257],
+    /// (symbol, length); length 0: the code is longer than 8 bits.
+    short: [(u8, u8); 256],
 }
 
 fn canonical() -> &'static Canonical {
@@ -208,6 +212,7 @@ fn canonical() -> &'static Canonical {
             count: [0; 31],
             offset: [0; 31],
             symbols: [0; 257],
+            short: [(0, 0); 256],
         };
         let mut order: Vec<u16> = (0..257).collect();
         order.sort_by_key(|&s| (HUFFMAN_LENGTHS[usize::from(s)], s));
@@ -218,6 +223,16 @@ fn canonical() -> &'static Canonical {
         for len in 1..31 {
             c.first[len] = code;
             c.offset[len] = at;
+            for i in 0..c.count[len] {
+                let symbol = order[usize::from(at) + i as usize];
+                if len <= 8 {
+                    let shift = 8 - len;
+                    let lo = ((code + i) << shift) as usize;
+                    for e in &mut c.short[lo..lo + (1 << shift)] {
+                        *e = (symbol as u8, len as u8);
+                    }
+                }
+            }
             code = (code + c.count[len]) << 1;
             at += c.count[len] as u16;
         }
@@ -227,32 +242,56 @@ fn canonical() -> &'static Canonical {
 }
 
 /// Decodes a Huffman-coded string into `out` (RFC 7541 5.2: padding is at
-/// most 7 bits, all ones; EOS inside is an error).
+/// most 7 bits, all ones; EOS inside is an error). Bits are taken from a
+/// 64-bit window: a code of up to 8 bits is one table lookup, a longer one
+/// is found length by length from the canonical form.
 fn huffman_decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
     let c = canonical();
-    let (mut code, mut len) = (0u32, 0usize);
-    for &byte in input {
-        for bit in (0..8).rev() {
-            code = (code << 1) | u32::from((byte >> bit) & 1);
-            len += 1;
+    // The next `bits` bits of input, most significant first.
+    let (mut window, mut bits) = (0u64, 0u32);
+    let mut rest = input;
+    loop {
+        while bits <= 56 {
+            let Some((&b, more)) = rest.split_first() else {
+                break;
+            };
+            window |= u64::from(b) << (56 - bits);
+            bits += 8;
+            rest = more;
+        }
+        if bits == 0 {
+            return Ok(());
+        }
+        let (symbol, len) = c.short[(window >> 56) as usize];
+        if len != 0 && u32::from(len) <= bits {
+            out.push(symbol);
+            window <<= len;
+            bits -= u32::from(len);
+            continue;
+        }
+        let mut found = None;
+        for len in 9..=bits.min(30) as usize {
+            let code = (window >> (64 - len)) as u32;
             let index = code.wrapping_sub(c.first[len]);
-            if len >= 5 && index < c.count[len] {
-                let symbol = c.symbols[usize::from(c.offset[len]) + index as usize];
-                if symbol == 256 {
-                    return Err(DecodeError::BadHuffman);
-                }
-                out.push(symbol as u8);
-                code = 0;
-                len = 0;
-            } else if len == 30 {
-                return Err(DecodeError::BadHuffman);
+            if index < c.count[len] {
+                found = Some((c.symbols[usize::from(c.offset[len]) + index as usize], len));
+                break;
             }
         }
+        match found {
+            Some((256, _)) => return Err(DecodeError::BadHuffman),
+            Some((symbol, len)) => {
+                out.push(symbol as u8);
+                window <<= len;
+                bits -= len as u32;
+            }
+            // What is left must be padding: under a byte, all ones.
+            None if rest.is_empty() && bits <= 7 && window >> (64 - bits) == (1 << bits) - 1 => {
+                return Ok(());
+            }
+            None => return Err(DecodeError::BadHuffman),
+        }
     }
-    if len > 7 || code != (1 << len) - 1 {
-        return Err(DecodeError::BadHuffman);
-    }
-    Ok(())
 }
 
 /// Code length of each symbol of HPACK's Huffman code (RFC 7541
