@@ -103,6 +103,31 @@ pub const ORCA_KEY: &str = "endpoint-load-metrics-bin";
 /// into a stack buffer: field numbers from
 /// `xds/data/orca/v3/orca_load_report.proto`.
 pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
+    // Made once, as the report's names are (see `write_report`).
+    const ORCA: HeaderName = HeaderName::from_static(ORCA_KEY);
+    // The value comes from a snapshot renewed at most every 100 ms, so
+    // most responses carry the same one: it is encoded when the figures
+    // change and cloned otherwise (a reference count). Kept per thread and
+    // keyed by the figures themselves, so it cannot go stale.
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(LoadReport, u64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let value = LAST.with_borrow_mut(|last| match last {
+        Some((r, bits, v)) if r == report && *bits == rps.to_bits() => Some(v.clone()),
+        _ => {
+            let v = encode_orca(report, rps)?;
+            *last = Some((*report, rps.to_bits(), v.clone()));
+            Some(v)
+        }
+    });
+    if let Some(v) = value {
+        map.insert(ORCA, v);
+    }
+}
+
+/// The ORCA trailer's value for `report` and `rps`.
+fn encode_orca(report: &LoadReport, rps: f64) -> Option<HeaderValue> {
     use base64::Engine as _;
     const APPLICATION_UTILIZATION: u8 = 9;
     const RPS_FRACTIONAL: u8 = 6;
@@ -138,13 +163,7 @@ pub fn write_orca(report: &LoadReport, rps: f64, map: &mut HeaderMap) {
     let len = base64::engine::general_purpose::STANDARD_NO_PAD
         .encode_slice(&buf[..n], &mut text)
         .expect("128 bytes fit in 172 base64 characters");
-    // Not sensitive: the same snapshot gives the same text, which HPACK
-    // then sends as an index (see `write_report`).
-    if let Ok(v) = HeaderValue::from_bytes(&text[..len]) {
-        // Made once, as the report's names are (see `write_report`).
-        const ORCA: HeaderName = HeaderName::from_static(ORCA_KEY);
-        map.insert(ORCA, v);
-    }
+    HeaderValue::from_bytes(&text[..len]).ok()
 }
 
 /// A response body of the OIP port.
