@@ -29,14 +29,12 @@ use crate::pool::Pool;
 /// Writes `report` into `map` (trailers, or the headers of a trailers-only
 /// response).
 ///
-/// HPACK: none of the values is marked sensitive, so each is indexed in the
-/// connection's dynamic table and a value seen before goes as one or two
-/// bytes. In flight and queued are small numbers that repeat, the weight
-/// changes rarely, and the busy ratio comes from the pool's snapshot
-/// ([`Pool::report`]) and repeats until the next one. Sent as never-indexed
-/// literals instead (as before), every response Huffman-coded each name and
-/// value again, which was the largest single cost of a pass-through
-/// response (BENCHMARKS.md).
+/// HPACK: the agent's encoder (`upstream::wire`) sends every field as a
+/// plain literal, no table and no Huffman coding, so a report costs a copy
+/// of its bytes. (Under `h2`'s server, whose encoder Huffman-coded every
+/// literal a byte at a time, never-indexed report values were the largest
+/// single cost of a pass-through response; BENCHMARKS.md.) None of the
+/// values is marked sensitive.
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     // Names made once (no parsing per response), numbers formatted with
     // `itoa` into a stack buffer (no `fmt` machinery).

@@ -476,7 +476,7 @@ async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
     // trailers` is added by the encoder).
     let mut metadata = http::HeaderMap::new();
     metadata.insert("content-type", "application/grpc".parse().unwrap());
-    let mut block = bytes::BytesMut::new();
+    let mut block = Vec::new();
     wire::put_request_block(
         &mut block,
         b"localhost",

@@ -97,7 +97,7 @@ struct Stream {
 #[derive(Debug)]
 enum Last {
     /// A trailer block (encoded).
-    Trailers(BytesMut),
+    Trailers(Vec<u8>),
     /// END_STREAM on an empty DATA frame (a response without trailers).
     Data,
 }
@@ -120,6 +120,8 @@ pub struct Conn {
     recv_window: i64,
     unacked: u32,
     decoder: hpack::Decoder,
+    /// Where header blocks are encoded (kept: no allocation per block).
+    scratch: Vec<u8>,
     /// A header block waiting for its CONTINUATION frames.
     block: Option<(u32, u8, BytesMut)>,
     /// Bytes of the client's preface still expected.
@@ -169,6 +171,7 @@ impl Conn {
             recv_window: i64::from(settings.connection_window).max(wire::DEFAULT_WINDOW),
             unacked: 0,
             decoder: hpack::Decoder::new(4096),
+            scratch: Vec::new(),
             block: None,
             preface_left: wire::PREFACE.len(),
             settled: false,
@@ -750,9 +753,11 @@ impl Conn {
         if stream.reset.is_some() {
             return;
         }
-        let mut block = BytesMut::with_capacity(128);
+        let mut block = std::mem::take(&mut self.scratch);
+        block.clear();
         wire::put_response_block(&mut block, status, headers);
-        self.put_block(id, block, end);
+        self.put_block(id, &block, end);
+        self.scratch = block;
         if end {
             if let Some(stream) = self.streams.get_mut(&id) {
                 stream.sent_end = true;
@@ -763,11 +768,12 @@ impl Conn {
 
     /// A header block as HEADERS and CONTINUATIONs within the client's
     /// frame size.
-    fn put_block(&mut self, id: u32, mut block: BytesMut, end: bool) {
+    fn put_block(&mut self, id: u32, mut block: &[u8], end: bool) {
         let end = if end { flag::END_STREAM } else { 0 };
         let mut first = true;
         while first || !block.is_empty() {
-            let part = block.split_to(block.len().min(self.peer_max_frame));
+            let (part, rest) = block.split_at(block.len().min(self.peer_max_frame));
+            block = rest;
             let last = if block.is_empty() {
                 flag::END_HEADERS
             } else {
@@ -779,7 +785,7 @@ impl Conn {
                 (kind::CONTINUATION, last)
             };
             wire::put_head(self.out.buf(), part.len(), k, flags, id);
-            self.out.buf().extend_from_slice(&part);
+            self.out.buf().extend_from_slice(part);
             first = false;
         }
     }
@@ -826,19 +832,31 @@ impl Conn {
         if stream.reset.is_some() || stream.last.is_some() || stream.sent_end {
             return;
         }
-        stream.last = Some(match trailers {
-            Some(t) => {
-                let mut block = BytesMut::with_capacity(128);
-                wire::put_fields(&mut block, t);
-                Last::Trailers(block)
-            }
-            None => Last::Data,
-        });
-        if stream.pending.is_empty() {
-            self.put_last(id);
-        } else {
+        if !stream.pending.is_empty() {
+            // After the data still waiting for window.
+            stream.last = Some(match trailers {
+                Some(t) => {
+                    let mut block = Vec::with_capacity(128);
+                    wire::put_fields(&mut block, t);
+                    Last::Trailers(block)
+                }
+                None => Last::Data,
+            });
             self.send_pending(wake);
+            return;
         }
+        stream.sent_end = true;
+        match trailers {
+            Some(t) => {
+                let mut block = std::mem::take(&mut self.scratch);
+                block.clear();
+                wire::put_fields(&mut block, t);
+                self.put_block(id, &block, true);
+                self.scratch = block;
+            }
+            None => wire::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
+        }
+        self.reap(id);
     }
 
     /// Writes stream `id`'s last frame, now that its data has left.
@@ -851,7 +869,7 @@ impl Conn {
         };
         stream.sent_end = true;
         match last {
-            Last::Trailers(block) => self.put_block(id, block, true),
+            Last::Trailers(block) => self.put_block(id, &block, true),
             Last::Data => wire::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
         }
         self.reap(id);
@@ -1103,10 +1121,10 @@ mod tests {
         conn
     }
 
-    fn request_block() -> BytesMut {
+    fn request_block() -> Vec<u8> {
         let mut meta = HeaderMap::new();
         meta.insert("content-type", HeaderValue::from_static("application/grpc"));
-        let mut block = BytesMut::new();
+        let mut block = Vec::new();
         wire::put_request_block(
             &mut block,
             b"agent",

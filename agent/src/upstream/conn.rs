@@ -175,6 +175,8 @@ pub struct Conn {
     recv_window: i64,
     unacked: u32,
     decoder: hpack::Decoder,
+    /// Where request heads are encoded (kept: no allocation per request).
+    scratch: Vec<u8>,
     /// A header block waiting for its CONTINUATION frames.
     block: Option<(u32, u8, BytesMut)>,
     /// GOAWAY received: no new streams.
@@ -209,6 +211,7 @@ impl Conn {
             recv_window: i64::from(CONNECTION_WINDOW),
             unacked: 0,
             decoder: hpack::Decoder::new(4096),
+            scratch: Vec::new(),
             block: None,
             going_away: false,
             failed: None,
@@ -251,13 +254,16 @@ impl Conn {
         }
         let id = self.next_id;
         self.next_id += 2;
-        let mut block = BytesMut::with_capacity(128);
-        wire::put_request_block(&mut block, &self.authority, self.path, meta.into());
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        wire::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
+        let mut block = &scratch[..];
         let end = if body.is_empty() { flag::END_STREAM } else { 0 };
         // The block in frames no larger than the worker allows.
         let mut first = true;
         while first || !block.is_empty() {
-            let part = block.split_to(block.len().min(self.peer_max_frame));
+            let (part, rest) = block.split_at(block.len().min(self.peer_max_frame));
+            block = rest;
             let last = if block.is_empty() {
                 flag::END_HEADERS
             } else {
@@ -269,9 +275,10 @@ impl Conn {
                 (kind::CONTINUATION, last)
             };
             wire::put_head(self.out.buf(), part.len(), k, flags, id);
-            self.out.buf().extend_from_slice(&part);
+            self.out.buf().extend_from_slice(part);
             first = false;
         }
+        self.scratch = scratch;
         let has_body = !body.is_empty();
         self.streams.insert(
             id,

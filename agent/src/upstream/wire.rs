@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// Streams by id, hashed cheaply: ids are small integers chosen by the
@@ -117,39 +117,48 @@ pub fn parse_head(buf: &[u8]) -> Head {
 /// Appends a frame header.
 pub fn put_head(out: &mut BytesMut, len: usize, kind: u8, flags: u8, stream: u32) {
     debug_assert!(len < 1 << 24);
-    out.put_u8((len >> 16) as u8);
-    out.put_u16(len as u16);
-    out.put_u8(kind);
-    out.put_u8(flags);
-    out.put_u32(stream & 0x7fff_ffff);
+    let id = (stream & 0x7fff_ffff).to_be_bytes();
+    // One copy: `BytesMut`'s `put_u8` and friends each go through
+    // `put_slice` (a capacity check and a `memcpy` call per byte).
+    out.extend_from_slice(&[
+        (len >> 16) as u8,
+        (len >> 8) as u8,
+        len as u8,
+        kind,
+        flags,
+        id[0],
+        id[1],
+        id[2],
+        id[3],
+    ]);
 }
 
 /// Appends a SETTINGS frame with `values`.
 pub fn put_settings(out: &mut BytesMut, values: &[(u16, u32)]) {
     put_head(out, values.len() * 6, kind::SETTINGS, 0, 0);
     for &(id, value) in values {
-        out.put_u16(id);
-        out.put_u32(value);
+        let (i, v) = (id.to_be_bytes(), value.to_be_bytes());
+        out.extend_from_slice(&[i[0], i[1], v[0], v[1], v[2], v[3]]);
     }
 }
 
 /// Appends a WINDOW_UPDATE frame.
 pub fn put_window_update(out: &mut BytesMut, stream: u32, increment: u32) {
     put_head(out, 4, kind::WINDOW_UPDATE, 0, stream);
-    out.put_u32(increment & 0x7fff_ffff);
+    out.extend_from_slice(&(increment & 0x7fff_ffff).to_be_bytes());
 }
 
 /// Appends an RST_STREAM frame.
 pub fn put_reset(out: &mut BytesMut, stream: u32, error: u32) {
     put_head(out, 4, kind::RST_STREAM, 0, stream);
-    out.put_u32(error);
+    out.extend_from_slice(&error.to_be_bytes());
 }
 
 /// Appends a GOAWAY frame.
 pub fn put_goaway(out: &mut BytesMut, last_stream: u32, error: u32) {
     put_head(out, 8, kind::GOAWAY, 0, 0);
-    out.put_u32(last_stream & 0x7fff_ffff);
-    out.put_u32(error);
+    out.extend_from_slice(&(last_stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(&error.to_be_bytes());
 }
 
 /// Strips the padding of a DATA or HEADERS payload (and, for HEADERS with
@@ -170,42 +179,42 @@ pub fn unpad(payload: &[u8], flags: u8, kind: u8) -> Option<std::ops::Range<usiz
 
 /// Appends an HPACK integer with an `n`-bit prefix whose high bits are
 /// `first` (RFC 7541 §5.1).
-fn put_int(out: &mut BytesMut, first: u8, n: u8, mut value: usize) {
+fn put_int(out: &mut Vec<u8>, first: u8, n: u8, mut value: usize) {
     let max = (1usize << n) - 1;
     if value < max {
-        out.put_u8(first | value as u8);
+        out.push(first | value as u8);
         return;
     }
-    out.put_u8(first | max as u8);
+    out.push(first | max as u8);
     value -= max;
     while value >= 128 {
-        out.put_u8((value % 128) as u8 | 0x80);
+        out.push((value % 128) as u8 | 0x80);
         value /= 128;
     }
-    out.put_u8(value as u8);
+    out.push(value as u8);
 }
 
 /// Appends a string literal without Huffman coding.
-fn put_str(out: &mut BytesMut, s: &[u8]) {
+fn put_str(out: &mut Vec<u8>, s: &[u8]) {
     put_int(out, 0, 7, s.len());
-    out.put_slice(s);
+    out.extend_from_slice(s);
 }
 
 /// Appends a header field from the static table, indexed whole.
-pub fn put_indexed(out: &mut BytesMut, index: usize) {
+pub fn put_indexed(out: &mut Vec<u8>, index: usize) {
     put_int(out, 0x80, 7, index);
 }
 
 /// Appends a literal field whose name is static-table entry `index`;
 /// never indexed when `sensitive`.
-pub fn put_literal_indexed_name(out: &mut BytesMut, index: usize, value: &[u8], sensitive: bool) {
+pub fn put_literal_indexed_name(out: &mut Vec<u8>, index: usize, value: &[u8], sensitive: bool) {
     put_int(out, if sensitive { 0x10 } else { 0 }, 4, index);
     put_str(out, value);
 }
 
 /// Appends a literal field with a literal name.
-pub fn put_literal(out: &mut BytesMut, name: &[u8], value: &[u8], sensitive: bool) {
-    out.put_u8(if sensitive { 0x10 } else { 0 });
+pub fn put_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8], sensitive: bool) {
+    out.push(if sensitive { 0x10 } else { 0 });
     put_str(out, name);
     put_str(out, value);
 }
@@ -224,7 +233,7 @@ fn static_name(name: &str) -> Option<usize> {
 /// One header field as a literal that is not indexed (never indexed when
 /// its value is marked sensitive), its name from the static table when
 /// there.
-pub fn put_field(out: &mut BytesMut, name: &HeaderName, value: &HeaderValue) {
+pub fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
     let sensitive = value.is_sensitive();
     match static_name(name.as_str()) {
         Some(i) => put_literal_indexed_name(out, i, value.as_bytes(), sensitive),
@@ -234,7 +243,7 @@ pub fn put_field(out: &mut BytesMut, name: &HeaderName, value: &HeaderValue) {
 
 /// A response's header block: `:status`, then `headers` less the
 /// connection-specific ones (RFC 9113 8.2.2).
-pub fn put_response_block(out: &mut BytesMut, status: u16, headers: &HeaderMap) {
+pub fn put_response_block(out: &mut Vec<u8>, status: u16, headers: &HeaderMap) {
     match status {
         200 => put_indexed(out, 8),
         _ => {
@@ -247,7 +256,7 @@ pub fn put_response_block(out: &mut BytesMut, status: u16, headers: &HeaderMap) 
 
 /// `headers` less the connection-specific ones, as [`put_field`]s (a
 /// trailer block).
-pub fn put_fields(out: &mut BytesMut, headers: &HeaderMap) {
+pub fn put_fields(out: &mut Vec<u8>, headers: &HeaderMap) {
     for (name, value) in headers {
         if !connection_specific(name.as_str()) {
             put_field(out, name, value);
@@ -310,12 +319,12 @@ impl<'a> From<&'a HeaderMap> for Metadata<'a> {
 /// Appends the header block of a gRPC POST to `path` at `authority`
 /// carrying `meta`, encoded straight from the caller's map: no map is built
 /// per request.
-pub fn put_request_block(out: &mut BytesMut, authority: &[u8], path: &[u8], meta: Metadata<'_>) {
+pub fn put_request_block(out: &mut Vec<u8>, authority: &[u8], path: &[u8], meta: Metadata<'_>) {
     put_indexed(out, 3); // :method POST
     put_indexed(out, 6); // :scheme http
     put_literal_indexed_name(out, 4, path, false);
     put_literal_indexed_name(out, 1, authority, false);
-    let put_map = |out: &mut BytesMut, map: &HeaderMap, skip: &dyn Fn(&str) -> bool| {
+    let put_map = |out: &mut Vec<u8>, map: &HeaderMap, skip: &dyn Fn(&str) -> bool| {
         for (name, value) in map {
             if !skip(name.as_str()) {
                 put_field(out, name, value);
@@ -353,7 +362,7 @@ mod tests {
     #[test]
     fn integers_use_the_prefix_then_continuation_bytes() {
         // RFC 7541 C.1.1 and C.1.2.
-        let mut out = BytesMut::new();
+        let mut out = Vec::new();
         put_int(&mut out, 0, 5, 10);
         assert_eq!(&out[..], &[10]);
         out.clear();
@@ -383,7 +392,7 @@ mod tests {
             timeout: Some(Duration::from_micros(1234)),
             extra: Some(&extra),
         };
-        let mut out = BytesMut::new();
+        let mut out = Vec::new();
         put_request_block(
             &mut out,
             b"127.0.0.1:8001",
@@ -427,16 +436,16 @@ mod tests {
             timeout: Some(Duration::from_secs(1_000_000)),
             extra: None,
         };
-        let mut out = BytesMut::new();
+        let mut out = Vec::new();
         put_request_block(&mut out, b"a", b"/p", meta);
-        let mut marker = BytesMut::new();
+        let mut marker = Vec::new();
         put_literal(&mut marker, b"grpc-timeout", b"99999999u", true);
         assert!(out.ends_with(&marker), "a never-indexed literal at the end");
     }
 
     #[test]
     fn sensitive_values_are_never_indexed_literals() {
-        let mut out = BytesMut::new();
+        let mut out = Vec::new();
         put_literal(&mut out, b"grpc-timeout", b"5u", true);
         assert_eq!(out[0], 0x10);
         out.clear();
