@@ -983,8 +983,12 @@ impl RequestHead {
                     },
                 },
                 b"path" if self.path.is_none() => {
+                    // Parsed once: `Uri::from_static` parses on every call.
+                    static INFER: std::sync::LazyLock<Uri> = std::sync::LazyLock::new(|| {
+                        Uri::from_static(crate::grpc::MODEL_INFER_PATH)
+                    });
                     let uri = if value == crate::grpc::MODEL_INFER_PATH.as_bytes() {
-                        Ok(Uri::from_static(crate::grpc::MODEL_INFER_PATH))
+                        Ok(INFER.clone())
                     } else {
                         Uri::try_from(value)
                     };

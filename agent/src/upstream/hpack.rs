@@ -46,6 +46,44 @@ pub struct Decoder {
     allowed: usize,
     name_buf: Vec<u8>,
     value_buf: Vec<u8>,
+    /// Huffman-coded strings seen lately and what they decoded to (see
+    /// [`HuffmanCache`]).
+    recent: HuffmanCache,
+}
+
+/// The last few short Huffman-coded strings and their decoding. A peer
+/// that sends the same literal on every request (`h2`'s encoder never
+/// indexes `:path`, so tonic clients send the method's path as a Huffman
+/// literal each time) then costs a comparison instead of a decode.
+#[derive(Debug, Default)]
+struct HuffmanCache {
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    next: usize,
+}
+
+impl HuffmanCache {
+    const ENTRIES: usize = 4;
+    const MAX_LEN: usize = 128;
+
+    /// Decodes `coded` into `out`, from the cache when it was seen lately.
+    fn decode(&mut self, coded: &[u8], out: &mut Vec<u8>) -> Result<(), DecodeError> {
+        if coded.len() > Self::MAX_LEN {
+            return huffman_decode(coded, out);
+        }
+        if let Some((_, plain)) = self.entries.iter().find(|(c, _)| c[..] == *coded) {
+            out.extend_from_slice(plain);
+            return Ok(());
+        }
+        huffman_decode(coded, out)?;
+        let entry = (coded.to_vec(), out.clone());
+        if self.entries.len() < Self::ENTRIES {
+            self.entries.push(entry);
+        } else {
+            self.entries[self.next] = entry;
+            self.next = (self.next + 1) % Self::ENTRIES;
+        }
+        Ok(())
+    }
 }
 
 impl Decoder {
@@ -59,6 +97,7 @@ impl Decoder {
             allowed,
             name_buf: Vec::new(),
             value_buf: Vec::new(),
+            recent: HuffmanCache::default(),
         }
     }
 
@@ -103,11 +142,11 @@ impl Decoder {
     ) -> Result<(), DecodeError> {
         let name_index = integer(block, prefix)?;
         let name: &[u8] = if name_index == 0 {
-            string(block, &mut self.name_buf)?
+            string(block, &mut self.name_buf, &mut self.recent)?
         } else {
             entry(&self.table, name_index)?.0
         };
-        let value = string(block, &mut self.value_buf)?;
+        let value = string(block, &mut self.value_buf, &mut self.recent)?;
         field(name, value);
         let entry: Option<Entry> = index.then(|| (name.into(), value.into()));
         if let Some(entry) = entry {
@@ -174,6 +213,7 @@ fn integer(block: &mut &[u8], n: u8) -> Result<usize, DecodeError> {
 fn string<'c, 'a: 'c, 'b: 'c>(
     block: &mut &'a [u8],
     buf: &'b mut Vec<u8>,
+    recent: &mut HuffmanCache,
 ) -> Result<&'c [u8], DecodeError> {
     let huffman = block.first().ok_or(DecodeError::Truncated)? & 0x80 != 0;
     let len = integer(block, 7)?;
@@ -186,7 +226,7 @@ fn string<'c, 'a: 'c, 'b: 'c>(
         return Ok(s);
     }
     buf.clear();
-    huffman_decode(s, buf)?;
+    recent.decode(s, buf)?;
     Ok(&buf[..])
 }
 
@@ -477,6 +517,26 @@ mod tests {
             "foo=ASDJKHQKBZXOQWEOPIUAXQWEOIU; max-age=3600; version=1"
         );
         assert_eq!(d.size, 215);
+    }
+
+    /// A literal repeated on every request decodes the same from the
+    /// cache, and a different one sharing nothing with it is not mixed up.
+    #[test]
+    fn repeated_huffman_literals_decode_the_same_from_the_cache() {
+        let mut d = Decoder::new(4096);
+        // Literal without indexing, :path, Huffman-coded.
+        let path = b"/inference.GRPCInferenceService/ModelInfer";
+        let coded = huffman_encode_for_test(path);
+        let mut block = vec![0x04, 0x80 | coded.len() as u8];
+        block.extend_from_slice(&coded);
+        let other = huffman_encode_for_test(b"/other");
+        let mut second = vec![0x04, 0x80 | other.len() as u8];
+        second.extend_from_slice(&other);
+        for _ in 0..6 {
+            let fields = decode_all(&mut d, &block).unwrap();
+            assert_eq!(fields[0].1.as_bytes(), path);
+            assert_eq!(decode_all(&mut d, &second).unwrap()[0].1, "/other");
+        }
     }
 
     #[test]
