@@ -18,7 +18,8 @@
 //!    publishes; everyone else only reads it), [`inbox`] (control messages
 //!    that are never dropped, coalesced reports), [`worker_log`] (output,
 //!    events, health verdicts), [`models`] (interned model names),
-//!    [`upstream`] (the agent's own HTTP/2 client to a worker process).
+//!    [`upstream`] (the agent's own HTTP/2 client to a worker process; its
+//!    frame and HPACK codecs, which the server uses too).
 //! 3. **pool** — [`pool`]: admission, per-worker permits, per-model FIFO
 //!    queues with direct hand-off.
 //! 4. **metrics** — [`metrics`], label handles resolved once per model.
@@ -26,7 +27,8 @@
 //!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] /
 //!    [`output`] (starting processes, reading their output), [`health`] (check rounds), [`gpu`] (Xid events →
 //!    supervisors), [`registry`] (the node's record).
-//! 6. **servers** — [`server`] (the OIP port: accept loop, limits, routing),
+//! 6. **servers** — [`server`] (the OIP port: accept loop, the agent's own
+//!    HTTP/2 server — [`server::conn`] is its protocol state — limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
 //!    [`quic`] (the QUIC rung), [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
