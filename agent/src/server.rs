@@ -757,10 +757,19 @@ mod tests {
                 }
                 let mut trailers = http::HeaderMap::new();
                 trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-                Response::new(FrontBody::Message {
+                // A load-report name, its value the body, as the agent's
+                // trailers carry a report that changes.
+                let echo = http::HeaderValue::from_bytes(&data).unwrap();
+                trailers.insert("infermesh-busy", echo);
+                let mut resp = Response::new(FrontBody::Message {
                     data: Some(data.freeze()),
                     trailers: Some(trailers),
-                })
+                });
+                resp.headers_mut().insert(
+                    "content-type",
+                    http::HeaderValue::from_static("application/grpc"),
+                );
+                resp
             }
         }
     }
@@ -818,6 +827,7 @@ mod tests {
         send.send_data(Bytes::from_static(body), true).unwrap();
         let resp = resp.await.unwrap();
         assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "application/grpc");
         let mut body = resp.into_body();
         let mut got = BytesMut::new();
         while let Some(d) = body.data().await {
@@ -827,7 +837,29 @@ mod tests {
         }
         let trailers = body.trailers().await.unwrap().unwrap();
         assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["infermesh-busy"].as_bytes(), &got[..]);
         got.freeze()
+    }
+
+    /// Response heads and trailers name their fields by index in the
+    /// client's HPACK table after the first response: a real client
+    /// (`h2`) reads every response, with the default table, none, and room
+    /// for one entry. (`h2` does not hold the agent to the size it set;
+    /// `server::conn`'s tests decode with one that does.)
+    #[tokio::test(start_paused = true)]
+    async fn a_real_client_reads_responses_with_indexed_fields() {
+        for size in [None, Some(0), Some(60)] {
+            let (io, _served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+            let mut builder = h2::client::Builder::new();
+            if let Some(size) = size {
+                builder.header_table_size(size);
+            }
+            let (mut client, conn) = builder.handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            for body in [&b"0.5"[..], b"0.5", b"0.25", b"1"] {
+                assert_eq!(&call(&mut client, body).await[..], body, "table {size:?}");
+            }
+        }
     }
 
     /// Requests answered on a connection whose client answers pings: it

@@ -12,10 +12,12 @@
 //! between them (the "rapid reset" attack). What breaks the protocol ends
 //! the connection with GOAWAY; what breaks one stream resets that stream.
 //!
-//! Header blocks towards the client use the static table and literals
-//! only (`upstream::wire`), so no per-connection encoder state exists and
-//! nothing is looked up per header; the client's blocks are decoded with
-//! `upstream::hpack` and the default 4,096-byte table.
+//! Header blocks towards the client are literals and static-table
+//! references, except the few names every response repeats, which go into
+//! the client's dynamic table once and are referred to by index after
+//! (`upstream::wire::Indexer`, within the client's HEADER_TABLE_SIZE);
+//! the client's blocks are decoded with `upstream::hpack` and the default
+//! 4,096-byte table.
 
 use std::collections::VecDeque;
 use std::task::Waker;
@@ -96,8 +98,9 @@ struct Stream {
 /// The frame that ends a response.
 #[derive(Debug)]
 enum Last {
-    /// A trailer block (encoded).
-    Trailers(Vec<u8>),
+    /// Trailers, encoded when they are written: blocks must be encoded in
+    /// the order they leave ([`wire::Indexer`]).
+    Trailers(HeaderMap),
     /// END_STREAM on an empty DATA frame (a response without trailers).
     Data,
 }
@@ -120,6 +123,8 @@ pub struct Conn {
     recv_window: i64,
     unacked: u32,
     decoder: hpack::Decoder,
+    /// The client's dynamic table, as the agent's response blocks fill it.
+    indexer: wire::Indexer,
     /// Where header blocks are encoded (kept: no allocation per block).
     scratch: Vec<u8>,
     /// A header block waiting for its CONTINUATION frames.
@@ -171,6 +176,7 @@ impl Conn {
             recv_window: i64::from(settings.connection_window).max(wire::DEFAULT_WINDOW),
             unacked: 0,
             decoder: hpack::Decoder::new(4096),
+            indexer: wire::Indexer::new(wire::RESPONSE_NAMES),
             scratch: Vec::new(),
             block: None,
             preface_left: wire::PREFACE.len(),
@@ -590,8 +596,8 @@ impl Conn {
                 setting::ENABLE_PUSH if value > 1 => {
                     return Err((code::PROTOCOL_ERROR, "a bad ENABLE_PUSH"));
                 }
-                // HEADER_TABLE_SIZE limits a dynamic table the agent does
-                // not use; the client's stream limit binds pushes only.
+                setting::HEADER_TABLE_SIZE => self.indexer.set_limit(value),
+                // The client's stream limit binds pushes only.
                 _ => {}
             }
         }
@@ -755,7 +761,7 @@ impl Conn {
         }
         let mut block = std::mem::take(&mut self.scratch);
         block.clear();
-        wire::put_response_block(&mut block, status, headers);
+        wire::put_response_block(&mut block, &mut self.indexer, status, headers);
         self.put_block(id, &block, end);
         self.scratch = block;
         if end {
@@ -835,11 +841,7 @@ impl Conn {
         if !stream.pending.is_empty() {
             // After the data still waiting for window.
             stream.last = Some(match trailers {
-                Some(t) => {
-                    let mut block = Vec::with_capacity(128);
-                    wire::put_fields(&mut block, t);
-                    Last::Trailers(block)
-                }
+                Some(t) => Last::Trailers(t.clone()),
                 None => Last::Data,
             });
             self.send_pending(wake);
@@ -850,7 +852,7 @@ impl Conn {
             Some(t) => {
                 let mut block = std::mem::take(&mut self.scratch);
                 block.clear();
-                wire::put_fields(&mut block, t);
+                wire::put_trailer_block(&mut block, &mut self.indexer, t);
                 self.put_block(id, &block, true);
                 self.scratch = block;
             }
@@ -869,7 +871,13 @@ impl Conn {
         };
         stream.sent_end = true;
         match last {
-            Last::Trailers(block) => self.put_block(id, &block, true),
+            Last::Trailers(t) => {
+                let mut block = std::mem::take(&mut self.scratch);
+                block.clear();
+                wire::put_trailer_block(&mut block, &mut self.indexer, &t);
+                self.put_block(id, &block, true);
+                self.scratch = block;
+            }
             Last::Data => wire::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
         }
         self.reap(id);
@@ -1264,6 +1272,114 @@ mod tests {
         assert_eq!(frames[1].kind, kind::HEADERS);
         assert_ne!(frames[1].flags & flag::END_STREAM, 0);
         assert_eq!(conn.open_streams(), 0);
+    }
+
+    fn fields(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for &(n, v) in pairs {
+            map.insert(n, HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    /// Every header block written, in wire order, decoded by one decoder
+    /// (loona-hpack) whose table has the size `table` the client set.
+    fn decode_all(frames: &[Frame], table: usize) -> Vec<(u32, Vec<(String, String)>)> {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(table);
+        decoder.set_max_table_size(table);
+        frames
+            .iter()
+            .filter(|f| f.kind == kind::HEADERS)
+            .map(|f| {
+                let fields = decoder
+                    .decode(&f.payload)
+                    .unwrap_or_else(|e| panic!("stream {}: {e:?}", f.stream))
+                    .into_iter()
+                    .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+                    .collect();
+                (f.stream, fields)
+            })
+            .collect()
+    }
+
+    fn strings(status: Option<&str>, map: &HeaderMap) -> Vec<(String, String)> {
+        let status = status.map(|s| (":status".to_string(), s.to_string()));
+        status
+            .into_iter()
+            .chain(
+                map.iter()
+                    .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string())),
+            )
+            .collect()
+    }
+
+    /// Response blocks add their names to the client's HPACK table only
+    /// within the size its SETTINGS allow, after telling it the size: a
+    /// decoder holding the client's 50 bytes reads every block of three
+    /// responses (the agent's table would otherwise overflow it, and the
+    /// later references would miss).
+    #[test]
+    fn response_blocks_fill_the_clients_table_only_within_its_size() {
+        for table in [50, 0, 4096] {
+            let mut conn = settled(SETTINGS, &[(setting::HEADER_TABLE_SIZE, table as u32)]);
+            let head = fields(&[("content-type", "application/grpc")]);
+            let mut want = Vec::new();
+            let mut wake = Vec::new();
+            for (id, busy) in [(1, "0.5"), (3, "0.5"), (5, "0.75")] {
+                open(&mut conn, id, b"x");
+                conn.accept().unwrap();
+                let end = fields(&[("grpc-status", "0"), ("infermesh-busy", busy)]);
+                conn.send_head(id, 200, &head, false);
+                conn.send_data(id, Bytes::from_static(b"y"), &mut wake);
+                conn.send_end(id, Some(&end), &mut wake);
+                conn.finish(id, &mut wake);
+                want.push((id, strings(Some("200"), &head)));
+                want.push((id, strings(None, &end)));
+            }
+            assert_eq!(
+                decode_all(&written(&mut conn), table),
+                want,
+                "table {table}"
+            );
+        }
+    }
+
+    /// Trailers that wait for window are encoded when they leave, so that
+    /// a block encoded meanwhile for another stream, which adds to the
+    /// client's table, is read before them as the table was when each was
+    /// encoded.
+    #[test]
+    fn trailers_that_wait_are_encoded_in_the_order_they_leave() {
+        let mut conn = settled(SETTINGS, &[(setting::INITIAL_WINDOW_SIZE, 10)]);
+        let mut wake = Vec::new();
+        let late = fields(&[("grpc-status", "0"), ("infermesh-busy", "0.1")]);
+        let early = fields(&[("grpc-status", "0"), ("infermesh-busy", "0.2")]);
+        open(&mut conn, 1, b"a");
+        open(&mut conn, 3, b"b");
+        conn.accept().unwrap();
+        conn.accept().unwrap();
+        conn.send_head(1, 200, &HeaderMap::new(), false);
+        conn.send_data(1, Bytes::from(vec![7u8; 25]), &mut wake);
+        conn.send_end(1, Some(&late), &mut wake);
+        conn.send_head(3, 200, &HeaderMap::new(), false);
+        conn.send_end(3, Some(&early), &mut wake);
+        let mut frames = written(&mut conn);
+        feed(
+            &mut conn,
+            &frame(kind::WINDOW_UPDATE, 0, 1, &15u32.to_be_bytes()),
+        );
+        feed(
+            &mut conn,
+            &frame(kind::WINDOW_UPDATE, 0, 0, &15u32.to_be_bytes()),
+        );
+        frames.extend(written(&mut conn));
+        let blocks = decode_all(&frames, 4096);
+        let trailers: Vec<_> = blocks.into_iter().filter(|(_, f)| f.len() == 2).collect();
+        assert_eq!(
+            trailers,
+            [(3, strings(None, &early)), (1, strings(None, &late))]
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! HTTP/2 frames and the HPACK encoding the agent writes towards a worker
 //! (RFC 9113, RFC 7541). Pure functions over byte buffers.
 //!
-//! Header blocks are encoded with the static table and literals only: no
-//! dynamic table, so nothing is looked up or inserted per header and the
-//! worker's decoder state never depends on earlier requests. Values marked
+//! Request header blocks are encoded with the static table and literals
+//! only: no dynamic table, so nothing is looked up or inserted per header
+//! and the worker's decoder state never depends on earlier requests. The
+//! response blocks the agent sends its own clients add a few names to the
+//! client's dynamic table once per connection ([`Indexer`]). Values marked
 //! sensitive are sent as never-indexed literals, as `h2` does.
 
 use std::time::Duration;
@@ -226,6 +228,7 @@ fn static_name(name: &str) -> Option<usize> {
         "user-agent" => 58,
         "accept-encoding" => 16,
         "authorization" => 23,
+        "date" => 33,
         _ => return None,
     })
 }
@@ -243,7 +246,13 @@ pub fn put_field(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 
 /// A response's header block: `:status`, then `headers` less the
 /// connection-specific ones (RFC 9113 8.2.2).
-pub fn put_response_block(out: &mut Vec<u8>, status: u16, headers: &HeaderMap) {
+pub fn put_response_block(
+    out: &mut Vec<u8>,
+    index: &mut Indexer,
+    status: u16,
+    headers: &HeaderMap,
+) {
+    index.begin(out);
     match status {
         200 => put_indexed(out, 8),
         _ => {
@@ -251,15 +260,150 @@ pub fn put_response_block(out: &mut Vec<u8>, status: u16, headers: &HeaderMap) {
             put_literal_indexed_name(out, 8, n.format(status).as_bytes(), false);
         }
     }
-    put_fields(out, headers);
+    put_fields(out, index, headers);
 }
 
-/// `headers` less the connection-specific ones, as [`put_field`]s (a
-/// trailer block).
-pub fn put_fields(out: &mut Vec<u8>, headers: &HeaderMap) {
+/// A trailer block: `headers` less the connection-specific ones.
+pub fn put_trailer_block(out: &mut Vec<u8>, index: &mut Indexer, headers: &HeaderMap) {
+    if headers.is_empty() {
+        // Size updates wait for a block with fields: a block of updates
+        // alone is an error to some decoders.
+        return;
+    }
+    index.begin(out);
+    put_fields(out, index, headers);
+}
+
+fn put_fields(out: &mut Vec<u8>, index: &mut Indexer, headers: &HeaderMap) {
     for (name, value) in headers {
         if !connection_specific(name.as_str()) {
-            put_field(out, name, value);
+            index.put(out, name, value);
+        }
+    }
+}
+
+/// The most the agent lets a peer's HPACK dynamic table hold of its
+/// entries: the size every decoder starts with (RFC 9113 6.5.2).
+pub const TABLE_SIZE: usize = 4096;
+
+/// The names every response of the agent carries: the worker's content
+/// type and status, and the load report the agent adds.
+pub const RESPONSE_NAMES: &[&str] = &[
+    "content-type",
+    "grpc-status",
+    infermesh_proto::load::INFLIGHT_KEY,
+    infermesh_proto::load::QUEUED_KEY,
+    infermesh_proto::load::BUSY_KEY,
+    infermesh_proto::load::WEIGHT_KEY,
+    crate::trailer::ORCA_KEY,
+];
+
+/// The encoding half of one connection's HPACK dynamic table, for a fixed
+/// set of names sent on every message (RFC 7541 2.3, 6.2.1).
+///
+/// Each name is added to the peer's table once, with the value it first
+/// has; later blocks refer to it by index, and to the whole field when the
+/// value is the same again (`grpc-status: 0`). Without it the seven names
+/// of a response's head and load report went as literals, about 200 bytes
+/// that the client decoded, validated and copied on every response.
+/// Nothing is ever evicted: an entry is added only while the table has
+/// room for it within the peer's SETTINGS_HEADER_TABLE_SIZE, so an entry's
+/// index depends only on how many were added after it. When the peer
+/// changes that setting the table is emptied with size updates at the
+/// start of the next block (RFC 7541 4.2) and fills again.
+///
+/// Blocks must reach the wire in the order they are encoded.
+#[derive(Debug)]
+pub struct Indexer {
+    names: &'static [&'static str],
+    /// Per name: when it was added (0 = first) and the value it has there.
+    entries: Vec<Option<(usize, Box<[u8]>)>>,
+    added: usize,
+    /// Bytes of the table in use (RFC 7541 4.1).
+    used: usize,
+    /// The table's maximum size, as last signalled (or the default).
+    max: usize,
+    /// Size updates owed at the start of the next block.
+    owed: Option<(bool, usize)>,
+}
+
+impl Indexer {
+    /// An empty table of the default size, for `names`.
+    pub fn new(names: &'static [&'static str]) -> Self {
+        Self {
+            names,
+            entries: vec![None; names.len()],
+            added: 0,
+            used: 0,
+            max: TABLE_SIZE,
+            owed: None,
+        }
+    }
+
+    /// The peer's SETTINGS_HEADER_TABLE_SIZE arrived: the table (never more
+    /// than [`TABLE_SIZE`]) takes that size from the next block on.
+    pub fn set_limit(&mut self, limit: u32) {
+        let max = (limit as usize).min(TABLE_SIZE);
+        if max == self.max && self.owed.is_none() {
+            return;
+        }
+        // Emptied first when it held entries, so that no entry is left
+        // whose index the agent would have to work out after an eviction.
+        let clear = self.added > 0 || self.owed.is_some_and(|(clear, _)| clear);
+        self.owed = Some((clear && max > 0, max));
+        self.max = max;
+        self.entries.iter_mut().for_each(|e| *e = None);
+        self.added = 0;
+        self.used = 0;
+    }
+
+    /// Starts a header block: the size updates owed, if any.
+    pub fn begin(&mut self, out: &mut Vec<u8>) {
+        if let Some((clear, max)) = self.owed.take() {
+            if clear {
+                put_int(out, 0x20, 5, 0);
+            }
+            put_int(out, 0x20, 5, max);
+        }
+    }
+
+    /// One header field: by index when its name is in the table (the whole
+    /// field when the value is the one there), added to the table when its
+    /// name is one of the set and fits, else as [`put_field`] writes it.
+    pub fn put(&mut self, out: &mut Vec<u8>, name: &HeaderName, field: &HeaderValue) {
+        let name_str = name.as_str();
+        let slot = match self.names.iter().position(|n| *n == name_str) {
+            Some(slot) if !field.is_sensitive() => slot,
+            _ => return put_field(out, name, field),
+        };
+        let value = field.as_bytes();
+        match &self.entries[slot] {
+            Some((order, there)) => {
+                // Newest entry first, after the 61 static ones.
+                let index = 62 + (self.added - 1 - order);
+                if **there == *value {
+                    put_indexed(out, index);
+                } else {
+                    put_literal_indexed_name(out, index, value, false);
+                }
+            }
+            None => {
+                let size = name_str.len() + value.len() + 32;
+                if self.used + size > self.max {
+                    return put_field(out, name, field);
+                }
+                match static_name(name_str) {
+                    Some(i) => put_int(out, 0x40, 6, i),
+                    None => {
+                        out.push(0x40);
+                        put_str(out, name_str.as_bytes());
+                    }
+                }
+                put_str(out, value);
+                self.entries[slot] = Some((self.added, value.into()));
+                self.added += 1;
+                self.used += size;
+            }
         }
     }
 }
@@ -426,6 +570,106 @@ mod tests {
         // decodes alone.
         let mut again = loona_hpack::Decoder::new();
         assert_eq!(again.decode(&out).unwrap().len(), want.len());
+    }
+
+    /// Decodes `block` with `decoder` (loona-hpack, a decoder the project
+    /// did not write) into `(name, value)` strings.
+    fn decode_with(decoder: &mut loona_hpack::Decoder, block: &[u8]) -> Vec<(String, String)> {
+        decoder
+            .decode(block)
+            .unwrap()
+            .into_iter()
+            .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+            .collect()
+    }
+
+    fn response(busy: &str, status: &str) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        map.insert("grpc-status", HeaderValue::from_str(status).unwrap());
+        map.insert("infermesh-busy", HeaderValue::from_str(busy).unwrap());
+        map.insert("x-other", HeaderValue::from_static("v"));
+        let mut secret = HeaderValue::from_static("s");
+        secret.set_sensitive(true);
+        map.insert("content-type", HeaderValue::from_static("application/grpc"));
+        map.insert("infermesh-weight", secret);
+        map
+    }
+
+    fn strings(map: &HeaderMap) -> Vec<(String, String)> {
+        map.iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+            .collect()
+    }
+
+    /// Response names go into the client's table once and are referred to
+    /// by index after; values that repeat go as one byte; what is not in
+    /// the set, or is sensitive, stays a literal. A decoder with state
+    /// across blocks reads every block back.
+    #[test]
+    fn response_names_are_indexed_once_and_decode_across_blocks() {
+        let mut index = Indexer::new(RESPONSE_NAMES);
+        let mut decoder = loona_hpack::Decoder::new();
+        let mut sizes = Vec::new();
+        for (busy, status) in [("0.5", "0"), ("0.5", "0"), ("0.25", "0"), ("0.25", "14")] {
+            let map = response(busy, status);
+            let mut out = Vec::new();
+            put_trailer_block(&mut out, &mut index, &map);
+            assert_eq!(decode_with(&mut decoder, &out), strings(&map));
+            sizes.push(out.len());
+        }
+        // Literals first; then grpc-status, busy and content-type indexed
+        // whole, and the two literals as before.
+        assert!(sizes[1] < sizes[0] - 40, "{sizes:?}");
+        // A new value: its name by index (two bytes beyond index 14), the
+        // value a literal, in place of the one byte of the whole field.
+        assert_eq!(sizes[2], sizes[1] - 1 + 2 + 1 + "0.25".len());
+        assert_eq!(sizes[3], sizes[2] - 1 + 2 + 1 + "14".len());
+        // The sensitive value was never added (it is sent never-indexed).
+        assert_eq!(index.added, 3);
+    }
+
+    /// The client shrinking, emptying and growing its table through
+    /// SETTINGS: each next block starts with the size updates (RFC 7541
+    /// 4.2), which a strict decoder demands, and the entries fill again
+    /// within the new size.
+    #[test]
+    fn a_table_size_change_is_signalled_and_the_table_refilled() {
+        let mut index = Indexer::new(RESPONSE_NAMES);
+        let mut decoder = loona_hpack::Decoder::new();
+        let map = response("0.5", "0");
+        let block = |index: &mut Indexer, decoder: &mut loona_hpack::Decoder| {
+            let mut out = Vec::new();
+            put_response_block(&mut out, index, 200, &map);
+            let mut want = vec![(":status".to_string(), "200".to_string())];
+            want.extend(strings(&map));
+            assert_eq!(decode_with(decoder, &out), want);
+            out
+        };
+        block(&mut index, &mut decoder);
+        // Emptied: no entry may be added, and the first byte says size 0.
+        index.set_limit(0);
+        decoder.set_max_allowed_table_size(0);
+        let out = block(&mut index, &mut decoder);
+        assert_eq!(out[..2], [0x20, 0x88]);
+        assert_eq!(index.added, 0);
+        let out = block(&mut index, &mut decoder);
+        assert_eq!(out[0], 0x88, "the update goes once");
+        // Room for one entry only ("grpc-status: 0" is 11 + 1 + 32 bytes).
+        index.set_limit(50);
+        decoder.set_max_allowed_table_size(50);
+        let out = block(&mut index, &mut decoder);
+        assert_eq!(out[..3], [0x3f, 50 - 31, 0x88]);
+        assert_eq!((index.added, index.used), (1, 44));
+        // Back to the default: emptied (0), then 4096, and refilled.
+        index.set_limit(1 << 20);
+        decoder.set_max_allowed_table_size(4096);
+        let out = block(&mut index, &mut decoder);
+        assert_eq!(out[..4], [0x20, 0x3f, 0xe1, 0x1f]);
+        assert_eq!(index.added, 3);
+        // A limit that does not change the size sends nothing.
+        index.set_limit(8192);
+        let out = block(&mut index, &mut decoder);
+        assert_eq!(out[0], 0x88);
     }
 
     #[test]
