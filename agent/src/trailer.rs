@@ -29,30 +29,62 @@ use crate::pool::Pool;
 /// Writes `report` into `map` (trailers, or the headers of a trailers-only
 /// response).
 ///
-/// HPACK: the agent's encoder (`upstream::wire`) sends every field as a
-/// plain literal, no table and no Huffman coding, so a report costs a copy
-/// of its bytes. (Under `h2`'s server, whose encoder Huffman-coded every
-/// literal a byte at a time, never-indexed report values were the largest
-/// single cost of a pass-through response; BENCHMARKS.md.) None of the
-/// values is marked sensitive.
+/// HPACK: the agent's encoder (`upstream::wire::Indexer`) adds the
+/// report's names to the client's table with the first response of a
+/// connection and refers to them by index after, with values as plain
+/// literals (no Huffman coding), or the whole field by index when the
+/// value is the one in the table. (Under `h2`'s server, whose encoder
+/// Huffman-coded every literal a byte at a time, never-indexed report
+/// values were the largest single cost of a pass-through response;
+/// BENCHMARKS.md.) None of the values is marked sensitive.
 pub fn write_report(report: &LoadReport, map: &mut HeaderMap) {
     // Names made once (no parsing per response), numbers formatted with
-    // `itoa` into a stack buffer (no `fmt` machinery).
+    // `itoa` into a stack buffer (no `fmt` machinery). Consecutive
+    // responses mostly carry the same figures (busy ratio and weight come
+    // from a snapshot, in flight and queued change with load), so each
+    // field's last value is kept per thread, keyed by the figure itself,
+    // and cloned (a reference count) instead of formatted and copied.
     const INFLIGHT: HeaderName = HeaderName::from_static(INFLIGHT_KEY);
     const QUEUED: HeaderName = HeaderName::from_static(QUEUED_KEY);
     const BUSY: HeaderName = HeaderName::from_static(BUSY_KEY);
     const WEIGHT: HeaderName = HeaderName::from_static(WEIGHT_KEY);
-    let mut put = |key: HeaderName, text: &[u8]| {
-        if let Ok(v) = HeaderValue::from_bytes(text) {
-            map.insert(key, v);
-        }
-    };
-    let mut n = itoa::Buffer::new();
-    put(INFLIGHT, n.format(report.in_flight).as_bytes());
-    put(QUEUED, n.format(report.queued).as_bytes());
-    let mut buf = [0u8; 48];
-    put(BUSY, fixed3(report.busy_ratio, &mut buf));
-    put(WEIGHT, fixed3(report.weight, &mut buf));
+    type Last = [Option<(u64, HeaderValue)>; 4];
+    thread_local! {
+        static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new([None, None, None, None]) };
+    }
+    LAST.with_borrow_mut(|last| {
+        let mut put =
+            |slot: usize, key: HeaderName, figure: u64, text: &dyn Fn(&mut [u8; 48]) -> &[u8]| {
+                let value = match &last[slot] {
+                    Some((f, v)) if *f == figure => v.clone(),
+                    _ => {
+                        let mut buf = [0u8; 48];
+                        let Ok(v) = HeaderValue::from_bytes(text(&mut buf)) else {
+                            return;
+                        };
+                        last[slot] = Some((figure, v.clone()));
+                        v
+                    }
+                };
+                map.insert(key, value);
+            };
+        put(0, INFLIGHT, report.in_flight, &|buf| {
+            integer(report.in_flight, buf)
+        });
+        put(1, QUEUED, report.queued, &|buf| integer(report.queued, buf));
+        let busy = report.busy_ratio;
+        put(2, BUSY, busy.to_bits(), &|buf| fixed3(busy, buf));
+        let weight = report.weight;
+        put(3, WEIGHT, weight.to_bits(), &|buf| fixed3(weight, buf));
+    });
+}
+
+/// `n` in decimal, into `buf`.
+fn integer(n: u64, buf: &mut [u8; 48]) -> &[u8] {
+    let mut b = itoa::Buffer::new();
+    let digits = b.format(n).as_bytes();
+    buf[..digits.len()].copy_from_slice(digits);
+    &buf[..digits.len()]
 }
 
 /// `x` with three decimals (`12.345`), as `{:.3}` would write it for the
@@ -259,18 +291,31 @@ mod tests {
         assert_eq!(milli(f64::NAN), (0, 0));
     }
 
+    /// Every report reads back as written, whether its fields were
+    /// formatted or taken from the values kept from the report before.
     #[test]
     fn report_round_trips_through_metadata() {
-        let report = LoadReport {
+        let first = LoadReport {
             in_flight: 3,
             queued: 1,
             busy_ratio: 0.25,
             weight: 2.5,
         };
-        let mut map = HeaderMap::new();
-        write_report(&report, &mut map);
-        let md = tonic::metadata::MetadataMap::from_headers(map);
-        assert_eq!(LoadReport::from_metadata(&md), Some(report));
+        let busier = LoadReport {
+            in_flight: 4,
+            busy_ratio: 0.5,
+            ..first
+        };
+        let heavier = LoadReport {
+            weight: 7.0,
+            ..busier
+        };
+        for report in [first, first, busier, heavier, first] {
+            let mut map = HeaderMap::new();
+            write_report(&report, &mut map);
+            let md = tonic::metadata::MetadataMap::from_headers(map);
+            assert_eq!(LoadReport::from_metadata(&md), Some(report));
+        }
     }
 }
 
