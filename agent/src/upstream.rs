@@ -290,7 +290,7 @@ async fn drive(shared: &Shared, closed: &CancellationToken) -> Option<Failure> {
                 if buf.capacity() - buf.len() < READ_BUFFER / 4 {
                     buf.reserve(READ_BUFFER);
                 }
-                match shared.tcp.try_read_buf(&mut buf) {
+                match read_some(&shared.tcp, &mut buf) {
                     Ok(0) => break Failure::Connection("the worker closed the connection".into()),
                     Ok(_) => {
                         let mut conn = shared.lock();
@@ -329,6 +329,29 @@ async fn drive(shared: &Shared, closed: &CancellationToken) -> Option<Failure> {
     shared.room.notify_waiters();
     wake.into_iter().for_each(Waker::wake);
     Some(ended)
+}
+
+/// Reads what the socket holds into `buf`. A read that did not fill the
+/// room given drained the socket, so its readiness is cleared as tokio's
+/// own `poll_read` does: the next `readable()` waits for new data instead
+/// of costing a `recvfrom` that answers EAGAIN once per response. (The
+/// clear is tick-checked by tokio: data that arrived meanwhile has
+/// raised a new event and is not lost.)
+fn read_some(tcp: &TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
+    let room = buf.capacity() - buf.len();
+    let mut n = 0;
+    let read = tcp.try_io(tokio::io::Interest::READABLE, || {
+        n = tcp.try_read_buf(buf)?;
+        if n > 0 && n < room {
+            // Tells `try_io` to clear the readiness; the bytes are kept.
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match read {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && n > 0 => Ok(n),
+        other => other,
+    }
 }
 
 /// One request's stream: its answer is read from here. Dropping it before
