@@ -387,7 +387,10 @@ where
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .polling = true;
-            while let Poll::Ready(Some(())) = self.requests.poll_next_unpin(cx) {}
+            // Requests that write to a worker in this pass leave together.
+            crate::upstream::corked(|| {
+                while let Poll::Ready(Some(())) = self.requests.poll_next_unpin(cx) {}
+            });
             let mut inner = self.shared.inner.lock().unwrap_or_else(|e| e.into_inner());
             inner.polling = false;
             let conn = &mut inner.conn;

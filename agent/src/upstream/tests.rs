@@ -401,3 +401,42 @@ fn data_beyond_the_granted_window_fails_the_connection() {
     feed(&mut conn, wire::kind::DATA, 0, id, &[0]);
     assert!(conn.is_failed());
 }
+
+/// Requests sent and polled inside [`corked`] stay queued until it ends
+/// (then one write carries them all), and each is answered.
+#[tokio::test]
+async fn requests_sent_inside_a_cork_leave_together_when_it_ends() {
+    let (address, _) = echo(h2::server::Builder::new()).await;
+    let upstream = client(address);
+    // The connection is made (outside the cork) and warm.
+    let mut first = upstream.send(&HeaderMap::new(), pattern(10)).await.unwrap();
+    read(&mut first).await.unwrap();
+    drop(first);
+    let shared = upstream.cached().expect("a connection");
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    let mut exchanges = Vec::new();
+    let headers = HeaderMap::new();
+    corked(|| {
+        for n in 1..=3 {
+            let mut send = std::pin::pin!(upstream.send(&headers, pattern(100 * n)));
+            match send.as_mut().poll(&mut cx) {
+                Poll::Ready(Ok(mut exchange)) => {
+                    // Polling for the answer does not write either.
+                    assert!(exchange.poll_data(&mut cx).is_pending());
+                    exchanges.push(exchange);
+                }
+                other => panic!("not sent at once: {other:?}"),
+            }
+        }
+        assert!(
+            shared.lock().out.len() > 3 * 100,
+            "the three requests wait in the queue"
+        );
+    });
+    assert_eq!(shared.lock().out.len(), 0, "written when the cork ended");
+    for (n, mut exchange) in (1..=3).zip(exchanges) {
+        assert_eq!(exchange.head().await.unwrap().status, 200);
+        assert_eq!(read(&mut exchange).await.unwrap().0, pattern(100 * n));
+    }
+}
