@@ -257,27 +257,14 @@ impl Conn {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         wire::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
-        let mut block = &scratch[..];
-        let end = if body.is_empty() { flag::END_STREAM } else { 0 };
         // The block in frames no larger than the worker allows.
-        let mut first = true;
-        while first || !block.is_empty() {
-            let (part, rest) = block.split_at(block.len().min(self.peer_max_frame));
-            block = rest;
-            let last = if block.is_empty() {
-                flag::END_HEADERS
-            } else {
-                0
-            };
-            let (k, flags) = if first {
-                (kind::HEADERS, end | last)
-            } else {
-                (kind::CONTINUATION, last)
-            };
-            wire::put_head(self.out.buf(), part.len(), k, flags, id);
-            self.out.buf().extend_from_slice(part);
-            first = false;
-        }
+        wire::put_header_frames(
+            self.out.buf(),
+            id,
+            &scratch,
+            body.is_empty(),
+            self.peer_max_frame,
+        );
         self.scratch = scratch;
         let has_body = !body.is_empty();
         self.streams.insert(
@@ -449,21 +436,9 @@ impl Conn {
                 Ok(())
             }
             kind::WINDOW_UPDATE => {
-                if payload.len() != 4 {
-                    return Err((code::FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size"));
-                }
-                let inc = i64::from(
-                    u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
-                        & 0x7fff_ffff,
-                );
+                let inc = wire::window_increment(&payload)?;
                 if head.stream == 0 {
-                    if inc == 0 {
-                        return Err((code::PROTOCOL_ERROR, "a zero window increment"));
-                    }
-                    self.send_window += inc;
-                    if self.send_window > wire::MAX_WINDOW {
-                        return Err((code::FLOW_CONTROL_ERROR, "the window overflowed"));
-                    }
+                    wire::grow_connection_window(&mut self.send_window, inc)?;
                 } else if let Some(stream) = self.streams.get_mut(&head.stream) {
                     stream.send_window += inc;
                     if inc == 0 || stream.send_window > wire::MAX_WINDOW {
@@ -603,45 +578,22 @@ impl Conn {
     }
 
     fn settings(&mut self, head: wire::Head, payload: &[u8]) -> Result<(), (u32, &'static str)> {
-        if head.stream != 0 {
-            return Err((code::PROTOCOL_ERROR, "SETTINGS on a stream"));
-        }
-        if head.flags & flag::ACK != 0 {
+        let Some(set) = wire::read_settings(head, payload)? else {
             return Ok(());
+        };
+        if let Some(window) = set.initial_window {
+            let delta = window - self.peer_initial_window;
+            self.peer_initial_window = window;
+            wire::shift_windows(self.streams.values_mut().map(|s| &mut s.send_window), delta)?;
         }
-        if payload.len() % 6 != 0 {
-            return Err((code::FRAME_SIZE_ERROR, "SETTINGS of the wrong size"));
+        if let Some(max) = set.max_frame {
+            self.peer_max_frame = max;
         }
-        for s in payload.chunks_exact(6) {
-            let id = u16::from_be_bytes([s[0], s[1]]);
-            let value = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
-            match id {
-                setting::INITIAL_WINDOW_SIZE => {
-                    let value = i64::from(value);
-                    if value > wire::MAX_WINDOW {
-                        return Err((code::FLOW_CONTROL_ERROR, "an initial window over 2^31-1"));
-                    }
-                    let delta = value - self.peer_initial_window;
-                    self.peer_initial_window = value;
-                    for stream in self.streams.values_mut() {
-                        stream.send_window += delta;
-                        if stream.send_window > wire::MAX_WINDOW {
-                            return Err((code::FLOW_CONTROL_ERROR, "a stream window overflowed"));
-                        }
-                    }
-                }
-                setting::MAX_FRAME_SIZE => {
-                    if !(16_384..=16_777_215).contains(&value) {
-                        return Err((code::PROTOCOL_ERROR, "a bad MAX_FRAME_SIZE"));
-                    }
-                    self.peer_max_frame = value as usize;
-                }
-                setting::MAX_CONCURRENT_STREAMS => self.peer_max_streams = value as usize,
-                // HEADER_TABLE_SIZE limits a dynamic table the agent does
-                // not use; ENABLE_PUSH is for servers.
-                _ => {}
-            }
+        if let Some(max) = set.max_streams {
+            self.peer_max_streams = max as usize;
         }
+        // HEADER_TABLE_SIZE limits a dynamic table the agent does not use
+        // towards the worker; ENABLE_PUSH is for servers.
         wire::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
         self.send_pending();
         Ok(())

@@ -179,6 +179,130 @@ pub fn unpad(payload: &[u8], flags: u8, kind: u8) -> Option<std::ops::Range<usiz
     (start <= end).then_some(start..end)
 }
 
+/// What a peer's SETTINGS frame set that the agent's connections act on
+/// (the last value of each, as RFC 9113 6.5.3 processes them in order).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PeerSettings {
+    pub header_table_size: Option<u32>,
+    pub initial_window: Option<i64>,
+    pub max_frame: Option<usize>,
+    pub max_streams: Option<u32>,
+}
+
+/// Reads a SETTINGS frame, checked as RFC 9113 6.5 asks of either side:
+/// `None` for an ACK; an error is the connection error's code and why.
+pub fn read_settings(
+    head: Head,
+    payload: &[u8],
+) -> Result<Option<PeerSettings>, (u32, &'static str)> {
+    if head.stream != 0 {
+        return Err((code::PROTOCOL_ERROR, "SETTINGS on a stream"));
+    }
+    if head.flags & flag::ACK != 0 {
+        if !payload.is_empty() {
+            return Err((code::FRAME_SIZE_ERROR, "a SETTINGS ACK with a payload"));
+        }
+        return Ok(None);
+    }
+    if payload.len() % 6 != 0 {
+        return Err((code::FRAME_SIZE_ERROR, "SETTINGS of the wrong size"));
+    }
+    let mut out = PeerSettings::default();
+    for s in payload.chunks_exact(6) {
+        let id = u16::from_be_bytes([s[0], s[1]]);
+        let value = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
+        match id {
+            setting::HEADER_TABLE_SIZE => out.header_table_size = Some(value),
+            setting::INITIAL_WINDOW_SIZE => {
+                if i64::from(value) > MAX_WINDOW {
+                    return Err((code::FLOW_CONTROL_ERROR, "an initial window over 2^31-1"));
+                }
+                out.initial_window = Some(i64::from(value));
+            }
+            setting::MAX_FRAME_SIZE => {
+                if !(16_384..=16_777_215).contains(&value) {
+                    return Err((code::PROTOCOL_ERROR, "a bad MAX_FRAME_SIZE"));
+                }
+                out.max_frame = Some(value as usize);
+            }
+            setting::ENABLE_PUSH if value > 1 => {
+                return Err((code::PROTOCOL_ERROR, "a bad ENABLE_PUSH"));
+            }
+            setting::MAX_CONCURRENT_STREAMS => out.max_streams = Some(value),
+            // Unknown settings are ignored (RFC 9113 6.5.2).
+            _ => {}
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Appends header block `block` of stream `id` as a HEADERS frame and
+/// CONTINUATIONs of at most `max_frame` bytes each (`end`: the block ends
+/// the stream).
+pub fn put_header_frames(
+    out: &mut BytesMut,
+    id: u32,
+    mut block: &[u8],
+    end: bool,
+    max_frame: usize,
+) {
+    let end = if end { flag::END_STREAM } else { 0 };
+    let mut first = true;
+    while first || !block.is_empty() {
+        let (part, rest) = block.split_at(block.len().min(max_frame));
+        block = rest;
+        let last = if block.is_empty() {
+            flag::END_HEADERS
+        } else {
+            0
+        };
+        let (k, flags) = if first {
+            (kind::HEADERS, end | last)
+        } else {
+            (kind::CONTINUATION, last)
+        };
+        put_head(out, part.len(), k, flags, id);
+        out.extend_from_slice(part);
+        first = false;
+    }
+}
+
+/// A WINDOW_UPDATE's increment (RFC 9113 6.9).
+pub fn window_increment(payload: &[u8]) -> Result<i64, (u32, &'static str)> {
+    let Ok(bytes) = <[u8; 4]>::try_from(payload) else {
+        return Err((code::FRAME_SIZE_ERROR, "WINDOW_UPDATE of the wrong size"));
+    };
+    Ok(i64::from(u32::from_be_bytes(bytes) & 0x7fff_ffff))
+}
+
+/// Adds a connection-level WINDOW_UPDATE's increment to `window`: a
+/// zero increment and a window past 2^31-1 are connection errors.
+pub fn grow_connection_window(window: &mut i64, inc: i64) -> Result<(), (u32, &'static str)> {
+    if inc == 0 {
+        return Err((code::PROTOCOL_ERROR, "a zero window increment"));
+    }
+    *window += inc;
+    if *window > MAX_WINDOW {
+        return Err((code::FLOW_CONTROL_ERROR, "the window overflowed"));
+    }
+    Ok(())
+}
+
+/// Moves each stream's send window by `delta`, the change of the peer's
+/// initial window (RFC 9113 6.9.2).
+pub fn shift_windows<'a>(
+    windows: impl Iterator<Item = &'a mut i64>,
+    delta: i64,
+) -> Result<(), (u32, &'static str)> {
+    for window in windows {
+        *window += delta;
+        if *window > MAX_WINDOW {
+            return Err((code::FLOW_CONTROL_ERROR, "a stream window overflowed"));
+        }
+    }
+    Ok(())
+}
+
 /// Appends an HPACK integer with an `n`-bit prefix whose high bits are
 /// `first` (RFC 7541 §5.1).
 fn put_int(out: &mut Vec<u8>, first: u8, n: u8, mut value: usize) {
