@@ -447,8 +447,10 @@ pub struct Indexer {
     used: usize,
     /// The table's maximum size, as last signalled (or the default).
     max: usize,
-    /// Size updates owed at the start of the next block.
-    owed: Option<(bool, usize)>,
+    /// Size updates owed at the start of the next block: the smallest
+    /// size since the last block (0 when the table held entries), then
+    /// the size now.
+    owed: Option<(usize, usize)>,
 }
 
 impl Indexer {
@@ -472,9 +474,12 @@ impl Indexer {
             return;
         }
         // Emptied first when it held entries, so that no entry is left
-        // whose index the agent would have to work out after an eviction.
-        let clear = self.added > 0 || self.owed.is_some_and(|(clear, _)| clear);
-        self.owed = Some((clear && max > 0, max));
+        // whose index the agent would have to work out after an eviction;
+        // and of several changes before a block, the smallest is signalled
+        // first (RFC 7541 4.2).
+        let floor = if self.added > 0 { 0 } else { max };
+        let smallest = self.owed.map_or(floor, |(smallest, _)| smallest.min(floor));
+        self.owed = Some((smallest, max));
         self.max = max;
         self.entries.iter_mut().for_each(|e| *e = None);
         self.added = 0;
@@ -483,9 +488,9 @@ impl Indexer {
 
     /// Starts a header block: the size updates owed, if any.
     pub fn begin(&mut self, out: &mut Vec<u8>) {
-        if let Some((clear, max)) = self.owed.take() {
-            if clear {
-                put_int(out, 0x20, 5, 0);
+        if let Some((smallest, max)) = self.owed.take() {
+            if smallest < max {
+                put_int(out, 0x20, 5, smallest);
             }
             put_int(out, 0x20, 5, max);
         }
@@ -794,6 +799,12 @@ mod tests {
         index.set_limit(8192);
         let out = block(&mut index, &mut decoder);
         assert_eq!(out[0], 0x88);
+        // Emptied and restored between two blocks: the smallest size goes
+        // first (RFC 7541 4.2), so the decoder drops what it held too.
+        index.set_limit(0);
+        index.set_limit(4096);
+        let out = block(&mut index, &mut decoder);
+        assert_eq!(out[..4], [0x20, 0x3f, 0xe1, 0x1f]);
     }
 
     #[test]
