@@ -549,9 +549,8 @@ impl Conn {
         };
         self.settled = true;
         if let Some(window) = set.initial_window {
-            let delta = window - self.peer_initial_window;
-            self.peer_initial_window = window;
-            wire::shift_windows(self.streams.values_mut().map(|s| &mut s.send_window), delta)?;
+            let streams = self.streams.values_mut().map(|s| &mut s.send_window);
+            wire::shift_windows(&mut self.peer_initial_window, window, streams)?;
         }
         if let Some(max) = set.max_frame {
             self.peer_max_frame = max;

@@ -288,12 +288,14 @@ pub fn grow_connection_window(window: &mut i64, inc: i64) -> Result<(), (u32, &'
     Ok(())
 }
 
-/// Moves each stream's send window by `delta`, the change of the peer's
-/// initial window (RFC 9113 6.9.2).
+/// The peer's initial window became `window` (it was `*initial`): each
+/// stream's send window moves by the difference (RFC 9113 6.9.2).
 pub fn shift_windows<'a>(
+    initial: &mut i64,
+    window: i64,
     windows: impl Iterator<Item = &'a mut i64>,
-    delta: i64,
 ) -> Result<(), (u32, &'static str)> {
+    let delta = window - std::mem::replace(initial, window);
     for window in windows {
         *window += delta;
         if *window > MAX_WINDOW {
