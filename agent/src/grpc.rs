@@ -10,7 +10,8 @@ use crate::trailer::{FrontBody, add_report};
 
 /// The path of `ModelInfer` (kept with the upstream connection, which
 /// sits in a lower layer and sends it).
-pub use crate::upstream::wire::MODEL_INFER_PATH;
+/// The path of `ModelInfer`.
+pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 /// Bytes before each message: compressed flag and big-endian length.
 pub const FRAME_HEADER: usize = 5;
 

@@ -28,7 +28,7 @@
 //!    [`output`] (starting processes, reading their output), [`health`] (check rounds), [`gpu`] (Xid events →
 //!    supervisors), [`registry`] (the node's record).
 //! 6. **servers** — [`server`] (the OIP port: accept loop, the agent's own
-//!    HTTP/2 server — [`server::conn`] is its protocol state — limits, routing),
+//!    HTTP/2 server — its protocol state is the `infermesh-http2` crate — limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
 //!    [`quic`] (the QUIC rung), [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]

@@ -2,7 +2,7 @@
 //! each request.
 //!
 //! The agent runs its own accept loop and serves HTTP/2 itself (the
-//! protocol state in [`conn`], the I/O in the connection's driver here),
+//! protocol state in [`infermesh_http2::server`], the I/O in the connection's driver here),
 //! rather than through tonic's server, hyper or `h2`, so that every
 //! resource a client can take is bounded, every task is tracked, and the
 //! hop stays lean: a connection's requests run inside the connection's own
@@ -61,11 +61,9 @@ use crate::forward::InferPath;
 use crate::grpc::{MODEL_INFER_PATH, status_response};
 use crate::pool::Pool;
 use crate::trailer::{FrontBody, add_report};
-use crate::upstream::wire::code;
+use infermesh_http2::code;
 
-pub mod conn;
-
-use conn::{Conn, Settings, StreamError};
+use infermesh_http2::server::{Conn, Settings, StreamError};
 
 /// The path of `ModelStreamInfer`.
 pub const MODEL_STREAM_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
@@ -284,6 +282,8 @@ async fn serve_connection<T, R>(
     let shared = Arc::new(Shared {
         inner: Mutex::new(Inner {
             conn: Conn::new(Settings {
+                response_names: crate::trailer::RESPONSE_NAMES,
+                known_paths: &[MODEL_INFER_PATH],
                 max_streams: limits.max_concurrent_streams,
                 stream_window: limits.stream_window,
                 connection_window: limits.connection_window,
@@ -588,7 +588,7 @@ async fn handle<R: Router>(
 }
 
 /// Sends `body` on stream `id`: data as the client's windows allow (at
-/// most [`conn::EAGER_BYTES`] queued ahead of them), then trailers.
+/// most [`infermesh_http2::server::EAGER_BYTES`] queued ahead of them), then trailers.
 async fn pipe(mut body: FrontBody, shared: &Shared, id: u32) {
     loop {
         let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
@@ -848,7 +848,7 @@ mod tests {
     /// client's HPACK table after the first response: a real client
     /// (`h2`) reads every response, with the default table, none, and room
     /// for one entry. (`h2` does not hold the agent to the size it set;
-    /// `server::conn`'s tests decode with one that does.)
+    /// `infermesh_http2::server`'s tests decode with one that does.)
     #[tokio::test(start_paused = true)]
     async fn a_real_client_reads_responses_with_indexed_fields() {
         for size in [None, Some(0), Some(60)] {

@@ -26,10 +26,23 @@ use infermesh_proto::load::{BUSY_KEY, INFLIGHT_KEY, LoadReport, QUEUED_KEY, WEIG
 use crate::forward::ForwardBody;
 use crate::pool::Pool;
 
+/// The names every response of the agent carries: the worker's content
+/// type and status, and the load report the agent adds. Its HTTP/2 server
+/// puts them in each client's HPACK table once (`Settings::response_names`).
+pub const RESPONSE_NAMES: &[&str] = &[
+    "content-type",
+    "grpc-status",
+    INFLIGHT_KEY,
+    QUEUED_KEY,
+    BUSY_KEY,
+    WEIGHT_KEY,
+    ORCA_KEY,
+];
+
 /// Writes `report` into `map` (trailers, or the headers of a trailers-only
 /// response).
 ///
-/// HPACK: the agent's encoder (`upstream::wire::Indexer`) adds the
+/// HPACK: the agent's encoder (`infermesh_http2::hpack::Indexer`) adds the
 /// report's names to the client's table with the first response of a
 /// connection and refers to them by index after, with values as plain
 /// literals (no Huffman coding), or the whole field by index when the

@@ -4,16 +4,12 @@
 //!
 //! The agent's own client (the upstream half of the frame-level relay in
 //! docs/DECISIONS.md), not `h2`'s: a request's future encodes its HEADERS
-//! (static table and literals only, see [`wire`]) and DATA and writes them
+//! (static table and literals only, see [`infermesh_http2::request`]) and DATA and writes them
 //! itself, without waking another task; the connection's task only reads
 //! and hands each stream's frames to the future waiting for them. The
-//! protocol state is sans-IO in `upstream/conn.rs`. Under `h2` a request crossed the
+//! protocol state is sans-IO: [`infermesh_http2::client`]. Under `h2` a request crossed the
 //! connection task twice and paid for its stream store, locks and HPACK
 //! table; see BENCHMARKS.md for what this saves.
-
-pub(crate) mod conn;
-pub mod hpack;
-pub mod wire;
 
 use std::future::poll_fn;
 use std::io::IoSlice;
@@ -29,9 +25,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use conn::{Conn, Refusal};
-pub use conn::{Failure, ResponseHead};
-pub use wire::Metadata;
+use infermesh_http2::client::{Conn, Refusal};
+pub use infermesh_http2::client::{Failure, ResponseHead};
+pub use infermesh_http2::request::Metadata;
 
 /// Time to open a connection to a local worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -301,7 +297,10 @@ impl Upstream {
             .map_err(|e| UpstreamError::Connect(address, e))?;
         let _ = tcp.set_nodelay(true);
         let shared = Arc::new(Shared {
-            conn: Mutex::new(Conn::new(&self.inner.authority, wire::MODEL_INFER_PATH)),
+            conn: Mutex::new(Conn::new(
+                &self.inner.authority,
+                crate::grpc::MODEL_INFER_PATH,
+            )),
             tcp,
             write_wanted: Notify::new(),
             room: Notify::new(),

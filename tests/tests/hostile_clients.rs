@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use infermesh_agent::upstream::wire::{self, flag, kind};
+use infermesh_agent::grpc::MODEL_INFER_PATH;
+use infermesh_http2::frame::{self as wire, flag, kind};
+use infermesh_http2::request::put_request_block;
 use infermesh_proto::inference::infer_parameter::ParameterChoice;
 use infermesh_proto::inference::model_infer_request::InferRequestedOutputTensor;
 use infermesh_proto::inference::{
@@ -477,10 +479,10 @@ async fn resets_that_piled_up_during_a_stall_do_not_close_the_connection() {
     let mut metadata = http::HeaderMap::new();
     metadata.insert("content-type", "application/grpc".parse().unwrap());
     let mut block = Vec::new();
-    wire::put_request_block(
+    put_request_block(
         &mut block,
         b"localhost",
-        wire::MODEL_INFER_PATH.as_bytes(),
+        MODEL_INFER_PATH.as_bytes(),
         (&metadata).into(),
     );
 

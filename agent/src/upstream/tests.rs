@@ -109,7 +109,7 @@ async fn a_request_and_its_answer_cross_intact() {
         |req: Request<RecvStream>, respond| async move {
             let (parts, recv) = req.into_parts();
             assert_eq!(parts.method, http::Method::POST);
-            assert_eq!(parts.uri.path(), wire::MODEL_INFER_PATH);
+            assert_eq!(parts.uri.path(), crate::grpc::MODEL_INFER_PATH);
             assert_eq!(parts.headers["te"], "trailers");
             assert_eq!(parts.headers["x-request-id"], "abc");
             let data = body(recv).await;
@@ -335,71 +335,6 @@ async fn a_trailers_only_answer_ends_at_its_headers() {
     let head = exchange.head().await.unwrap();
     assert!(head.end);
     assert_eq!(head.headers["grpc-status"], "5");
-}
-
-/// A connection state with one request sent on it, and its stream id.
-fn one_stream() -> (Conn, u32) {
-    let mut conn = Conn::new("127.0.0.1:1", wire::MODEL_INFER_PATH);
-    let id = conn.open(&HeaderMap::new(), pattern(10)).unwrap();
-    (conn, id)
-}
-
-/// Hands `conn` one frame, as if read from the worker.
-fn feed(conn: &mut Conn, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    let mut buf = BytesMut::new();
-    wire::put_head(&mut buf, payload.len(), kind, flags, stream);
-    buf.put_slice(payload);
-    conn.on_read(&mut buf, &mut Vec::new());
-}
-
-/// A worker that breaks the protocol (a push with push disabled) loses the
-/// connection; the request on it fails instead of hanging.
-#[test]
-fn a_protocol_error_fails_the_connection_and_its_streams() {
-    let (mut conn, id) = one_stream();
-    // Promising stream 2.
-    let promise = [0, 0, 0, 2];
-    feed(
-        &mut conn,
-        wire::kind::PUSH_PROMISE,
-        wire::flag::END_HEADERS,
-        id,
-        &promise,
-    );
-    assert!(conn.is_failed());
-    let waker = futures_util::task::noop_waker();
-    assert!(matches!(
-        conn.poll_head(id, &waker),
-        Some(Err(Failure::Connection(_)))
-    ));
-    assert_eq!(
-        conn.open(&HeaderMap::new(), Bytes::new()),
-        Err(Refusal::Closed)
-    );
-}
-
-/// DATA beyond the window the agent granted is a flow-control error.
-#[test]
-fn data_beyond_the_granted_window_fails_the_connection() {
-    let (mut conn, id) = one_stream();
-    // :status 200 (static index 8).
-    feed(
-        &mut conn,
-        wire::kind::HEADERS,
-        wire::flag::END_HEADERS,
-        id,
-        &[0x88],
-    );
-    let waker = futures_util::task::noop_waker();
-    assert_eq!(conn.poll_head(id, &waker).unwrap().unwrap().status, 200);
-    // 4 MiB of window, then one byte more, in 16 KiB frames.
-    let frame = vec![0u8; wire::DEFAULT_MAX_FRAME];
-    for _ in 0..(conn::STREAM_WINDOW as usize / wire::DEFAULT_MAX_FRAME) {
-        feed(&mut conn, wire::kind::DATA, 0, id, &frame);
-    }
-    assert!(!conn.is_failed(), "exactly the window is allowed");
-    feed(&mut conn, wire::kind::DATA, 0, id, &[0]);
-    assert!(conn.is_failed());
 }
 
 /// Requests sent and polled inside [`corked`] stay queued until it ends

@@ -15,8 +15,8 @@
 //! Header blocks towards the client are literals and static-table
 //! references, except the few names every response repeats, which go into
 //! the client's dynamic table once and are referred to by index after
-//! (`upstream::wire::Indexer`, within the client's HEADER_TABLE_SIZE);
-//! the client's blocks are decoded with `upstream::hpack` and the default
+//! ([`hpack::Indexer`], within the client's HEADER_TABLE_SIZE);
+//! the client's blocks are decoded with [`hpack::Decoder`] and the default
 //! 4,096-byte table.
 
 use std::collections::VecDeque;
@@ -25,9 +25,8 @@ use std::task::Waker;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
-use crate::upstream::conn::Out;
-use crate::upstream::hpack;
-use crate::upstream::wire::{self, code, flag, kind, setting};
+use crate::frame::{self, code, flag, kind, setting};
+use crate::{Out, StreamMap, fields, hpack};
 
 /// Response bytes a stream may queue beyond what the client's windows let
 /// it send: a small response then leaves with its headers in one write;
@@ -47,6 +46,11 @@ const MAX_HEADER_FIELDS: usize = 256;
 /// What the agent advertises and enforces on a connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
+    /// Header names every response repeats: added to the client's HPACK
+    /// table once and referred to by index after ([`hpack::Indexer`]).
+    pub response_names: &'static [&'static str],
+    /// Request paths parsed once per connection rather than per request.
+    pub known_paths: &'static [&'static str],
     pub max_streams: u32,
     pub stream_window: u32,
     pub connection_window: u32,
@@ -99,7 +103,7 @@ struct Stream {
 #[derive(Debug)]
 enum Last {
     /// Trailers, encoded when they are written: blocks must be encoded in
-    /// the order they leave ([`wire::Indexer`]).
+    /// the order they leave ([`hpack::Indexer`]).
     Trailers(HeaderMap),
     /// END_STREAM on an empty DATA frame (a response without trailers).
     Data,
@@ -110,7 +114,7 @@ pub struct Conn {
     /// Bytes to write, in order.
     pub out: Out,
     settings: Settings,
-    streams: wire::StreamMap<Stream>,
+    streams: StreamMap<Stream>,
     /// New requests, for the driver to start.
     accepted: VecDeque<(u32, Request<()>)>,
     /// Highest stream id the client opened.
@@ -123,8 +127,10 @@ pub struct Conn {
     recv_window: i64,
     unacked: u32,
     decoder: hpack::Decoder,
+    /// [`Settings::known_paths`], parsed.
+    known_paths: Vec<Uri>,
     /// The client's dynamic table, as the agent's response blocks fill it.
-    indexer: wire::Indexer,
+    indexer: hpack::Indexer,
     /// Where header blocks are encoded (kept: no allocation per block).
     scratch: Vec<u8>,
     /// A header block waiting for its CONTINUATION frames.
@@ -166,20 +172,25 @@ impl Conn {
         let mut conn = Self {
             out: Out::default(),
             settings,
-            streams: wire::StreamMap::default(),
+            streams: StreamMap::default(),
             accepted: VecDeque::new(),
             last_id: 0,
             sending: VecDeque::new(),
-            send_window: wire::DEFAULT_WINDOW,
-            peer_initial_window: wire::DEFAULT_WINDOW,
-            peer_max_frame: wire::DEFAULT_MAX_FRAME,
-            recv_window: i64::from(settings.connection_window).max(wire::DEFAULT_WINDOW),
+            send_window: frame::DEFAULT_WINDOW,
+            peer_initial_window: frame::DEFAULT_WINDOW,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME,
+            recv_window: i64::from(settings.connection_window).max(frame::DEFAULT_WINDOW),
             unacked: 0,
             decoder: hpack::Decoder::new(4096),
-            indexer: wire::Indexer::new(wire::RESPONSE_NAMES),
+            known_paths: settings
+                .known_paths
+                .iter()
+                .map(|p| Uri::from_static(p))
+                .collect(),
+            indexer: hpack::Indexer::new(settings.response_names),
             scratch: Vec::new(),
             block: None,
-            preface_left: wire::PREFACE.len(),
+            preface_left: frame::PREFACE.len(),
             settled: false,
             going_away: None,
             failed: None,
@@ -189,7 +200,7 @@ impl Conn {
             pong: false,
         };
         let out = conn.out.buf();
-        wire::put_settings(
+        frame::put_settings(
             out,
             &[
                 (setting::MAX_CONCURRENT_STREAMS, settings.max_streams),
@@ -197,9 +208,9 @@ impl Conn {
                 (setting::MAX_HEADER_LIST_SIZE, settings.max_header_list),
             ],
         );
-        let extra = i64::from(settings.connection_window) - wire::DEFAULT_WINDOW;
+        let extra = i64::from(settings.connection_window) - frame::DEFAULT_WINDOW;
         if extra > 0 {
-            wire::put_window_update(out, 0, extra as u32);
+            frame::put_window_update(out, 0, extra as u32);
         }
         conn
     }
@@ -235,7 +246,7 @@ impl Conn {
     pub fn go_away(&mut self) {
         if self.going_away.is_none() && self.failed.is_none() {
             self.going_away = Some(self.last_id);
-            wire::put_goaway(self.out.buf(), self.last_id, code::NO_ERROR);
+            frame::put_goaway(self.out.buf(), self.last_id, code::NO_ERROR);
         }
     }
 
@@ -244,7 +255,7 @@ impl Conn {
         if self.ping_out || self.failed.is_some() {
             return false;
         }
-        wire::put_head(self.out.buf(), 8, kind::PING, 0, 0);
+        frame::put_head(self.out.buf(), 8, kind::PING, 0, 0);
         self.out.buf().extend_from_slice(PING_PAYLOAD);
         self.ping_out = true;
         true
@@ -259,9 +270,9 @@ impl Conn {
     /// wakers of the streams that changed, to be woken outside any lock.
     pub fn on_read(&mut self, buf: &mut BytesMut, wake: &mut Vec<Waker>) {
         if self.preface_left > 0 {
-            let at = wire::PREFACE.len() - self.preface_left;
+            let at = frame::PREFACE.len() - self.preface_left;
             let n = self.preface_left.min(buf.len());
-            if buf[..n] != wire::PREFACE[at..at + n] {
+            if buf[..n] != frame::PREFACE[at..at + n] {
                 // Not HTTP/2 (an HTTP/1 request, a scanner): no GOAWAY.
                 self.fail(None, "not an HTTP/2 connection preface", wake);
                 return;
@@ -272,9 +283,9 @@ impl Conn {
                 return;
             }
         }
-        while self.failed.is_none() && buf.len() >= wire::HEADER_LEN {
-            let head = wire::parse_head(buf);
-            if head.len > wire::DEFAULT_MAX_FRAME {
+        while self.failed.is_none() && buf.len() >= frame::HEADER_LEN {
+            let head = frame::parse_head(buf);
+            if head.len > frame::DEFAULT_MAX_FRAME {
                 self.fail(
                     Some(code::FRAME_SIZE_ERROR),
                     "a frame over the maximum size",
@@ -282,11 +293,11 @@ impl Conn {
                 );
                 return;
             }
-            if buf.len() < wire::HEADER_LEN + head.len {
-                buf.reserve(wire::HEADER_LEN + head.len - buf.len());
+            if buf.len() < frame::HEADER_LEN + head.len {
+                buf.reserve(frame::HEADER_LEN + head.len - buf.len());
                 return;
             }
-            buf.advance(wire::HEADER_LEN);
+            buf.advance(frame::HEADER_LEN);
             let payload = buf.split_to(head.len).freeze();
             if !self.settled && head.kind != kind::SETTINGS {
                 self.fail(
@@ -304,7 +315,7 @@ impl Conn {
 
     fn frame(
         &mut self,
-        head: wire::Head,
+        head: frame::Head,
         payload: Bytes,
         wake: &mut Vec<Waker>,
     ) -> Result<(), (u32, &'static str)> {
@@ -317,7 +328,7 @@ impl Conn {
                 if head.stream == 0 {
                     return Err((code::PROTOCOL_ERROR, "HEADERS on stream 0"));
                 }
-                let range = wire::unpad(&payload, head.flags, kind::HEADERS)
+                let range = frame::unpad(&payload, head.flags, kind::HEADERS)
                     .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
                 if head.flags & flag::END_HEADERS != 0 {
                     self.headers(head.stream, head.flags, &payload[range], wake)
@@ -374,7 +385,7 @@ impl Conn {
                     return Err((code::PROTOCOL_ERROR, "PING on a stream"));
                 }
                 if head.flags & flag::ACK == 0 {
-                    wire::put_head(self.out.buf(), 8, kind::PING, flag::ACK, 0);
+                    frame::put_head(self.out.buf(), 8, kind::PING, flag::ACK, 0);
                     self.out.buf().extend_from_slice(&payload);
                 } else if self.ping_out && &payload[..] == PING_PAYLOAD {
                     self.ping_out = false;
@@ -388,13 +399,13 @@ impl Conn {
                 Ok(())
             }
             kind::WINDOW_UPDATE => {
-                let inc = wire::window_increment(&payload)?;
+                let inc = frame::window_increment(&payload)?;
                 if head.stream == 0 {
-                    wire::grow_connection_window(&mut self.send_window, inc)?;
+                    frame::grow_connection_window(&mut self.send_window, inc)?;
                     self.send_pending(wake);
                 } else if let Some(stream) = self.streams.get_mut(&head.stream) {
                     stream.send_window += inc;
-                    if inc == 0 || stream.send_window > wire::MAX_WINDOW {
+                    if inc == 0 || stream.send_window > frame::MAX_WINDOW {
                         self.reset_stream(head.stream, code::FLOW_CONTROL_ERROR, true, wake);
                     } else {
                         self.send_pending(wake);
@@ -410,7 +421,7 @@ impl Conn {
 
     fn data(
         &mut self,
-        head: wire::Head,
+        head: frame::Head,
         payload: Bytes,
         wake: &mut Vec<Waker>,
     ) -> Result<(), (u32, &'static str)> {
@@ -428,7 +439,7 @@ impl Conn {
             ));
         }
         self.recv_window -= len;
-        let range = wire::unpad(&payload, head.flags, kind::DATA)
+        let range = frame::unpad(&payload, head.flags, kind::DATA)
             .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
         // Padding is given back at once; data when the handler takes it.
         let mut credit = (len as usize - range.len()) as u32;
@@ -471,7 +482,9 @@ impl Conn {
         let mut head = RequestHead::default();
         let limit = self.settings.max_header_list as usize;
         self.decoder
-            .decode(block, |name, value| head.field(name, value, limit))
+            .decode(block, |name, value| {
+                head.field(name, value, limit, &self.known_paths)
+            })
             .map_err(|_| (code::COMPRESSION_ERROR, "a header block did not decode"))?;
         let end = flags & flag::END_STREAM != 0;
         if id <= self.last_id {
@@ -494,12 +507,12 @@ impl Conn {
         }
         self.last_id = id;
         if self.going_away.is_some() || self.streams.len() >= self.settings.max_streams as usize {
-            wire::put_reset(self.out.buf(), id, code::REFUSED_STREAM);
+            frame::put_reset(self.out.buf(), id, code::REFUSED_STREAM);
             return Ok(());
         }
         let mut stream = Stream {
             data: VecDeque::new(),
-            recv_window: i64::from(self.settings.stream_window).max(wire::DEFAULT_WINDOW),
+            recv_window: i64::from(self.settings.stream_window).max(frame::DEFAULT_WINDOW),
             unacked: 0,
             recv_ended: end,
             reset: None,
@@ -532,7 +545,7 @@ impl Conn {
                 self.send_head(id, 200, &trailers, true);
             }
             Err(Refusal::Malformed) => {
-                wire::put_reset(self.out.buf(), id, code::PROTOCOL_ERROR);
+                frame::put_reset(self.out.buf(), id, code::PROTOCOL_ERROR);
             }
         }
         Ok(())
@@ -540,17 +553,17 @@ impl Conn {
 
     fn settings(
         &mut self,
-        head: wire::Head,
+        head: frame::Head,
         payload: &[u8],
         wake: &mut Vec<Waker>,
     ) -> Result<(), (u32, &'static str)> {
-        let Some(set) = wire::read_settings(head, payload)? else {
+        let Some(set) = frame::read_settings(head, payload)? else {
             return Ok(());
         };
         self.settled = true;
         if let Some(window) = set.initial_window {
             let streams = self.streams.values_mut().map(|s| &mut s.send_window);
-            wire::shift_windows(&mut self.peer_initial_window, window, streams)?;
+            frame::shift_windows(&mut self.peer_initial_window, window, streams)?;
         }
         if let Some(max) = set.max_frame {
             self.peer_max_frame = max;
@@ -559,7 +572,7 @@ impl Conn {
             self.indexer.set_limit(size);
         }
         // The client's stream limit binds pushes only.
-        wire::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
+        frame::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
         self.send_pending(wake);
         Ok(())
     }
@@ -568,7 +581,7 @@ impl Conn {
     fn credit(&mut self, n: u32) {
         self.unacked += n;
         if self.unacked >= self.settings.connection_window / 2 {
-            wire::put_window_update(self.out.buf(), 0, self.unacked);
+            frame::put_window_update(self.out.buf(), 0, self.unacked);
             self.recv_window += i64::from(self.unacked);
             self.unacked = 0;
         }
@@ -585,7 +598,7 @@ impl Conn {
         }
         stream.reset = Some(error);
         if send {
-            wire::put_reset(self.out.buf(), id, error);
+            frame::put_reset(self.out.buf(), id, error);
         }
         let held: usize = stream.data.drain(..).map(|d| d.len()).sum();
         stream.pending.clear();
@@ -608,7 +621,7 @@ impl Conn {
         }
         self.failed = Some(why);
         if let Some(error) = error {
-            wire::put_goaway(self.out.buf(), self.last_id, error);
+            frame::put_goaway(self.out.buf(), self.last_id, error);
         }
         self.close_all(wake);
     }
@@ -644,7 +657,7 @@ impl Conn {
         if stream.reset.is_none() {
             self.resets = 0;
             if !stream.recv_ended && self.failed.is_none() {
-                wire::put_reset(self.out.buf(), id, code::NO_ERROR);
+                frame::put_reset(self.out.buf(), id, code::NO_ERROR);
             }
         }
         let held: usize = stream.data.iter().map(Bytes::len).sum();
@@ -677,7 +690,7 @@ impl Conn {
                 let inc = stream.unacked;
                 stream.unacked = 0;
                 stream.recv_window += i64::from(inc);
-                wire::put_window_update(self.out.buf(), id, inc);
+                frame::put_window_update(self.out.buf(), id, inc);
             }
             self.credit(n);
             return Some(Some(Ok(data)));
@@ -719,7 +732,7 @@ impl Conn {
         }
         let mut block = std::mem::take(&mut self.scratch);
         block.clear();
-        wire::put_response_block(&mut block, &mut self.indexer, status, headers);
+        hpack::encode::put_response_block(&mut block, &mut self.indexer, status, headers);
         self.put_block(id, &block, end);
         self.scratch = block;
         if end {
@@ -733,7 +746,7 @@ impl Conn {
     /// A header block as HEADERS and CONTINUATIONs within the client's
     /// frame size.
     fn put_block(&mut self, id: u32, block: &[u8], end: bool) {
-        wire::put_header_frames(self.out.buf(), id, block, end, self.peer_max_frame);
+        frame::put_header_frames(self.out.buf(), id, block, end, self.peer_max_frame);
     }
 
     /// Ready when stream `id` may queue more response data (less than
@@ -792,11 +805,11 @@ impl Conn {
             Some(t) => {
                 let mut block = std::mem::take(&mut self.scratch);
                 block.clear();
-                wire::put_trailer_block(&mut block, &mut self.indexer, t);
+                hpack::encode::put_trailer_block(&mut block, &mut self.indexer, t);
                 self.put_block(id, &block, true);
                 self.scratch = block;
             }
-            None => wire::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
+            None => frame::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
         }
         self.reap(id);
     }
@@ -814,11 +827,11 @@ impl Conn {
             Last::Trailers(t) => {
                 let mut block = std::mem::take(&mut self.scratch);
                 block.clear();
-                wire::put_trailer_block(&mut block, &mut self.indexer, &t);
+                hpack::encode::put_trailer_block(&mut block, &mut self.indexer, &t);
                 self.put_block(id, &block, true);
                 self.scratch = block;
             }
-            Last::Data => wire::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
+            Last::Data => frame::put_head(self.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
         }
         self.reap(id);
     }
@@ -868,7 +881,7 @@ impl Conn {
                     front.split_to(n as usize)
                 };
                 stream.pending_len -= chunk.len();
-                wire::put_head(self.out.buf(), chunk.len(), kind::DATA, 0, id);
+                frame::put_head(self.out.buf(), chunk.len(), kind::DATA, 0, id);
                 self.out.payload(chunk);
                 self.send_window -= n;
                 stream.send_window -= n;
@@ -908,7 +921,7 @@ struct RequestHead {
 }
 
 impl RequestHead {
-    fn field(&mut self, name: &[u8], value: &[u8], limit: usize) {
+    fn field(&mut self, name: &[u8], value: &[u8], limit: usize, known: &[Uri]) {
         self.fields += 1;
         self.size += name.len() + value.len() + 32;
         if self.size > limit || self.fields > MAX_HEADER_FIELDS {
@@ -931,14 +944,10 @@ impl RequestHead {
                     },
                 },
                 b"path" if self.path.is_none() => {
-                    // Parsed once: `Uri::from_static` parses on every call.
-                    static INFER: std::sync::LazyLock<Uri> = std::sync::LazyLock::new(|| {
-                        Uri::from_static(crate::grpc::MODEL_INFER_PATH)
-                    });
-                    let uri = if value == crate::grpc::MODEL_INFER_PATH.as_bytes() {
-                        Ok(INFER.clone())
-                    } else {
-                        Uri::try_from(value)
+                    // A known path is cloned: parsing is most of the cost.
+                    let uri = match known.iter().find(|u| u.path().as_bytes() == value) {
+                        Some(u) => Ok(u.clone()),
+                        None => Uri::try_from(value),
                     };
                     match uri {
                         Ok(u) if u.scheme().is_none() && value.first() == Some(&b'/') => {
@@ -953,7 +962,7 @@ impl RequestHead {
             }
             return;
         }
-        if wire::connection_specific_bytes(name) || (name == b"te" && value != b"trailers") {
+        if fields::connection_specific_bytes(name) || (name == b"te" && value != b"trailers") {
             self.malformed = true;
             return;
         }
@@ -996,7 +1005,11 @@ mod tests {
     use super::*;
     use std::io::IoSlice;
 
+    const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+
     const SETTINGS: Settings = Settings {
+        response_names: &["content-type", "grpc-status", "infermesh-busy"],
+        known_paths: &[MODEL_INFER_PATH],
         max_streams: 4,
         stream_window: 1 << 20,
         connection_window: 4 << 20,
@@ -1030,8 +1043,8 @@ mod tests {
         let mut frames = Vec::new();
         let mut at = 0;
         while at < bytes.len() {
-            let head = wire::parse_head(&bytes[at..]);
-            at += wire::HEADER_LEN;
+            let head = frame::parse_head(&bytes[at..]);
+            at += frame::HEADER_LEN;
             frames.push(Frame {
                 kind: head.kind,
                 flags: head.flags,
@@ -1045,7 +1058,7 @@ mod tests {
 
     fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> BytesMut {
         let mut f = BytesMut::new();
-        wire::put_head(&mut f, payload.len(), kind, flags, stream);
+        frame::put_head(&mut f, payload.len(), kind, flags, stream);
         f.extend_from_slice(payload);
         f
     }
@@ -1060,7 +1073,7 @@ mod tests {
     /// A connection past the handshake, with the client's `settings`.
     fn settled(settings: Settings, client: &[(u16, u32)]) -> Conn {
         let mut conn = Conn::new(settings);
-        let mut hello = BytesMut::from(wire::PREFACE);
+        let mut hello = BytesMut::from(frame::PREFACE);
         let mut payload = Vec::new();
         for &(id, value) in client {
             payload.extend_from_slice(&id.to_be_bytes());
@@ -1077,10 +1090,10 @@ mod tests {
         let mut meta = HeaderMap::new();
         meta.insert("content-type", HeaderValue::from_static("application/grpc"));
         let mut block = Vec::new();
-        wire::put_request_block(
+        crate::request::put_request_block(
             &mut block,
             b"agent",
-            wire::MODEL_INFER_PATH.as_bytes(),
+            MODEL_INFER_PATH.as_bytes(),
             (&meta).into(),
         );
         block
@@ -1113,9 +1126,9 @@ mod tests {
         assert_eq!(frames[0].payload.len(), 18, "three settings");
         assert_eq!(frames[1].kind, kind::WINDOW_UPDATE);
         // The preface may arrive in pieces.
-        feed(&mut conn, &wire::PREFACE[..10]);
+        feed(&mut conn, &frame::PREFACE[..10]);
         assert!(conn.failed().is_none());
-        let mut rest = BytesMut::from(&wire::PREFACE[10..]);
+        let mut rest = BytesMut::from(&frame::PREFACE[10..]);
         rest.extend_from_slice(&frame(kind::SETTINGS, 0, 0, &[]));
         feed(&mut conn, &rest);
         assert!(conn.is_settled());
@@ -1134,7 +1147,7 @@ mod tests {
         assert!(conn.failed().is_some());
         assert!(written(&mut conn).is_empty());
         let mut conn = Conn::new(SETTINGS);
-        let mut bytes = BytesMut::from(wire::PREFACE);
+        let mut bytes = BytesMut::from(frame::PREFACE);
         bytes.extend_from_slice(&frame(kind::PING, 0, 0, b"12345678"));
         feed(&mut conn, &bytes);
         assert_eq!(conn.failed(), Some("the first frame was not SETTINGS"));
@@ -1147,7 +1160,7 @@ mod tests {
         let (id, req) = conn.accept().expect("a request");
         assert_eq!(id, 1);
         assert_eq!(req.method(), Method::POST);
-        assert_eq!(req.uri().path(), wire::MODEL_INFER_PATH);
+        assert_eq!(req.uri().path(), MODEL_INFER_PATH);
         assert_eq!(req.headers()["content-type"], "application/grpc");
         let waker = noop();
         assert_eq!(
@@ -1442,7 +1455,7 @@ mod tests {
             &[],
         );
         let mut block = request_block();
-        wire::put_literal(&mut block, b"x-big", &[b'a'; 300], false);
+        hpack::encode::put_literal(&mut block, b"x-big", &[b'a'; 300], false);
         feed(
             &mut conn,
             &frame(

@@ -9,14 +9,13 @@
 //! the protocol ends the connection with GOAWAY, failing its streams.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::task::Waker;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::hpack;
-use super::wire::{self, code, flag, kind, setting};
+use crate::frame::{self, code, flag, kind, setting};
+use crate::{Out, StreamMap, hpack, request};
 
 /// The receive window of each stream, as the agent advertises it.
 pub const STREAM_WINDOW: u32 = 4 << 20;
@@ -26,9 +25,6 @@ pub const CONNECTION_WINDOW: u32 = 16 << 20;
 const MAX_HEADER_BLOCK: usize = 64 << 10;
 /// Most header fields in one block.
 const MAX_HEADER_FIELDS: usize = 256;
-/// Payloads up to this size are copied next to their frame header (one
-/// write); larger ones are written from their own buffer.
-const COPY_BELOW: usize = 1024;
 
 /// Why a stream or the connection failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,79 +61,6 @@ pub struct ResponseHead {
     pub end: bool,
 }
 
-/// Bytes waiting to be written: small frames gathered in one buffer, large
-/// payloads kept as they are.
-#[derive(Debug, Default)]
-pub struct Out {
-    chunks: VecDeque<Bytes>,
-    tail: BytesMut,
-}
-
-impl Out {
-    pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty() && self.tail.is_empty()
-    }
-
-    /// Bytes waiting.
-    pub fn len(&self) -> usize {
-        self.chunks.iter().map(Bytes::len).sum::<usize>() + self.tail.len()
-    }
-
-    /// The buffer frames are written into.
-    pub(crate) fn buf(&mut self) -> &mut BytesMut {
-        &mut self.tail
-    }
-
-    /// A frame's payload, after its header: copied next to it when small,
-    /// else kept as it is.
-    pub(crate) fn payload(&mut self, data: Bytes) {
-        if data.len() < COPY_BELOW {
-            self.tail.extend_from_slice(&data);
-        } else {
-            if !self.tail.is_empty() {
-                self.chunks.push_back(self.tail.split().freeze());
-            }
-            self.chunks.push_back(data);
-        }
-    }
-
-    /// Up to `slices.len()` buffers to write, in order; how many.
-    pub fn slices<'a>(&'a self, slices: &mut [IoSlice<'a>]) -> usize {
-        let mut n = 0;
-        let bufs = self.chunks.iter().map(|c| &c[..]);
-        for c in bufs.chain(std::iter::once(&self.tail[..])) {
-            if n == slices.len() {
-                break;
-            }
-            if !c.is_empty() {
-                slices[n] = IoSlice::new(c);
-                n += 1;
-            }
-        }
-        n
-    }
-
-    /// Drops the first `n` bytes (written).
-    pub fn advance(&mut self, mut n: usize) {
-        while n > 0 {
-            match self.chunks.front_mut() {
-                Some(c) if c.len() <= n => {
-                    n -= c.len();
-                    self.chunks.pop_front();
-                }
-                Some(c) => {
-                    c.advance(n);
-                    return;
-                }
-                None => {
-                    self.tail.advance(n);
-                    return;
-                }
-            }
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Stream {
     /// What the worker lets this stream send.
@@ -164,7 +87,7 @@ pub struct Conn {
     authority: Bytes,
     path: &'static [u8],
     pub out: Out,
-    streams: wire::StreamMap<Stream>,
+    streams: StreamMap<Stream>,
     next_id: u32,
     /// Streams with request bytes waiting for window, oldest first.
     sending: VecDeque<u32>,
@@ -201,12 +124,12 @@ impl Conn {
             authority: Bytes::copy_from_slice(authority.as_bytes()),
             path: path.as_bytes(),
             out: Out::default(),
-            streams: wire::StreamMap::default(),
+            streams: StreamMap::default(),
             next_id: 1,
             sending: VecDeque::new(),
-            send_window: wire::DEFAULT_WINDOW,
-            peer_initial_window: wire::DEFAULT_WINDOW,
-            peer_max_frame: wire::DEFAULT_MAX_FRAME,
+            send_window: frame::DEFAULT_WINDOW,
+            peer_initial_window: frame::DEFAULT_WINDOW,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME,
             peer_max_streams: usize::MAX,
             recv_window: i64::from(CONNECTION_WINDOW),
             unacked: 0,
@@ -217,8 +140,8 @@ impl Conn {
             failed: None,
         };
         let out = conn.out.buf();
-        out.extend_from_slice(wire::PREFACE);
-        wire::put_settings(
+        out.extend_from_slice(frame::PREFACE);
+        frame::put_settings(
             out,
             &[
                 (setting::ENABLE_PUSH, 0),
@@ -226,7 +149,7 @@ impl Conn {
                 (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
             ],
         );
-        wire::put_window_update(out, 0, CONNECTION_WINDOW - wire::DEFAULT_WINDOW as u32);
+        frame::put_window_update(out, 0, CONNECTION_WINDOW - frame::DEFAULT_WINDOW as u32);
         conn
     }
 
@@ -243,7 +166,7 @@ impl Conn {
     /// Opens a stream carrying `meta` and `body`; its id.
     pub fn open<'a>(
         &mut self,
-        meta: impl Into<wire::Metadata<'a>>,
+        meta: impl Into<request::Metadata<'a>>,
         body: Bytes,
     ) -> Result<u32, Refusal> {
         if !self.is_open() {
@@ -256,9 +179,9 @@ impl Conn {
         self.next_id += 2;
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        wire::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
+        request::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
         // The block in frames no larger than the worker allows.
-        wire::put_header_frames(
+        frame::put_header_frames(
             self.out.buf(),
             id,
             &scratch,
@@ -316,7 +239,7 @@ impl Conn {
                 } else {
                     0
                 };
-                wire::put_head(self.out.buf(), chunk.len(), kind::DATA, end, id);
+                frame::put_head(self.out.buf(), chunk.len(), kind::DATA, end, id);
                 self.out.payload(chunk);
                 self.send_window -= n;
                 stream.send_window -= n;
@@ -331,9 +254,9 @@ impl Conn {
     /// Handles the frames complete in `buf` (consuming them); returns the
     /// wakers of the streams that changed, to be woken outside any lock.
     pub fn on_read(&mut self, buf: &mut BytesMut, wake: &mut Vec<Waker>) {
-        while self.failed.is_none() && buf.len() >= wire::HEADER_LEN {
-            let head = wire::parse_head(buf);
-            if head.len > wire::DEFAULT_MAX_FRAME {
+        while self.failed.is_none() && buf.len() >= frame::HEADER_LEN {
+            let head = frame::parse_head(buf);
+            if head.len > frame::DEFAULT_MAX_FRAME {
                 self.fail_with(
                     code::FRAME_SIZE_ERROR,
                     "a frame over the maximum size",
@@ -341,11 +264,11 @@ impl Conn {
                 );
                 return;
             }
-            if buf.len() < wire::HEADER_LEN + head.len {
-                buf.reserve(wire::HEADER_LEN + head.len - buf.len());
+            if buf.len() < frame::HEADER_LEN + head.len {
+                buf.reserve(frame::HEADER_LEN + head.len - buf.len());
                 return;
             }
-            buf.advance(wire::HEADER_LEN);
+            buf.advance(frame::HEADER_LEN);
             let payload = buf.split_to(head.len).freeze();
             if let Err((error, why)) = self.frame(head, payload, wake) {
                 self.fail_with(error, why, wake);
@@ -355,7 +278,7 @@ impl Conn {
 
     fn frame(
         &mut self,
-        head: wire::Head,
+        head: frame::Head,
         payload: Bytes,
         wake: &mut Vec<Waker>,
     ) -> Result<(), (u32, &'static str)> {
@@ -365,7 +288,7 @@ impl Conn {
         match head.kind {
             kind::DATA => self.data(head, payload, wake),
             kind::HEADERS => {
-                let range = wire::unpad(&payload, head.flags, kind::HEADERS)
+                let range = frame::unpad(&payload, head.flags, kind::HEADERS)
                     .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
                 let block = BytesMut::from(&payload[range]);
                 if head.flags & flag::END_HEADERS != 0 {
@@ -412,7 +335,7 @@ impl Conn {
                     return Err((code::FRAME_SIZE_ERROR, "PING of the wrong size"));
                 }
                 if head.flags & flag::ACK == 0 {
-                    wire::put_head(self.out.buf(), 8, kind::PING, flag::ACK, 0);
+                    frame::put_head(self.out.buf(), 8, kind::PING, flag::ACK, 0);
                     self.out.buf().extend_from_slice(&payload);
                 }
                 Ok(())
@@ -436,12 +359,12 @@ impl Conn {
                 Ok(())
             }
             kind::WINDOW_UPDATE => {
-                let inc = wire::window_increment(&payload)?;
+                let inc = frame::window_increment(&payload)?;
                 if head.stream == 0 {
-                    wire::grow_connection_window(&mut self.send_window, inc)?;
+                    frame::grow_connection_window(&mut self.send_window, inc)?;
                 } else if let Some(stream) = self.streams.get_mut(&head.stream) {
                     stream.send_window += inc;
-                    if inc == 0 || stream.send_window > wire::MAX_WINDOW {
+                    if inc == 0 || stream.send_window > frame::MAX_WINDOW {
                         self.reset(head.stream, code::FLOW_CONTROL_ERROR);
                         self.fail_stream(
                             head.stream,
@@ -461,7 +384,7 @@ impl Conn {
 
     fn data(
         &mut self,
-        head: wire::Head,
+        head: frame::Head,
         payload: Bytes,
         wake: &mut Vec<Waker>,
     ) -> Result<(), (u32, &'static str)> {
@@ -473,7 +396,7 @@ impl Conn {
             ));
         }
         self.recv_window -= len;
-        let range = wire::unpad(&payload, head.flags, kind::DATA)
+        let range = frame::unpad(&payload, head.flags, kind::DATA)
             .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
         // Padding is consumed at once; data when the caller takes it.
         let mut credit = (len as usize - range.len()) as u32;
@@ -577,13 +500,13 @@ impl Conn {
         Ok(())
     }
 
-    fn settings(&mut self, head: wire::Head, payload: &[u8]) -> Result<(), (u32, &'static str)> {
-        let Some(set) = wire::read_settings(head, payload)? else {
+    fn settings(&mut self, head: frame::Head, payload: &[u8]) -> Result<(), (u32, &'static str)> {
+        let Some(set) = frame::read_settings(head, payload)? else {
             return Ok(());
         };
         if let Some(window) = set.initial_window {
             let streams = self.streams.values_mut().map(|s| &mut s.send_window);
-            wire::shift_windows(&mut self.peer_initial_window, window, streams)?;
+            frame::shift_windows(&mut self.peer_initial_window, window, streams)?;
         }
         if let Some(max) = set.max_frame {
             self.peer_max_frame = max;
@@ -593,7 +516,7 @@ impl Conn {
         }
         // HEADER_TABLE_SIZE limits a dynamic table the agent does not use
         // towards the worker; ENABLE_PUSH is for servers.
-        wire::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
+        frame::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
         self.send_pending();
         Ok(())
     }
@@ -602,14 +525,14 @@ impl Conn {
     fn credit(&mut self, n: u32) {
         self.unacked += n;
         if self.unacked >= CONNECTION_WINDOW / 2 {
-            wire::put_window_update(self.out.buf(), 0, self.unacked);
+            frame::put_window_update(self.out.buf(), 0, self.unacked);
             self.recv_window += i64::from(self.unacked);
             self.unacked = 0;
         }
     }
 
     fn reset(&mut self, id: u32, error: u32) {
-        wire::put_reset(self.out.buf(), id, error);
+        frame::put_reset(self.out.buf(), id, error);
     }
 
     fn fail_stream(&mut self, id: u32, failure: Failure, wake: &mut Vec<Waker>) {
@@ -623,7 +546,7 @@ impl Conn {
     }
 
     fn fail_with(&mut self, error: u32, why: &'static str, wake: &mut Vec<Waker>) {
-        wire::put_goaway(self.out.buf(), self.next_id.saturating_sub(2), error);
+        frame::put_goaway(self.out.buf(), self.next_id.saturating_sub(2), error);
         self.fail(Failure::Connection(why.to_string()), wake);
     }
 
@@ -672,7 +595,7 @@ impl Conn {
                 let inc = stream.unacked;
                 stream.unacked = 0;
                 stream.recv_window += i64::from(inc);
-                wire::put_window_update(self.out.buf(), id, inc);
+                frame::put_window_update(self.out.buf(), id, inc);
             }
             self.credit(n);
             return Some(Ok(Some(data)));
@@ -716,5 +639,72 @@ fn remember(slot: &mut Option<Waker>, waker: &Waker) {
     match slot {
         Some(w) if w.will_wake(waker) => {}
         _ => *slot = Some(waker.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    /// A connection state with one request sent on it, and its stream id.
+    fn one_stream() -> (Conn, u32) {
+        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
+        let id = conn
+            .open(&HeaderMap::new(), Bytes::from_static(b"0123456789"))
+            .unwrap();
+        (conn, id)
+    }
+
+    /// Hands `conn` one frame, as if read from the worker.
+    fn feed(conn: &mut Conn, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let mut buf = BytesMut::new();
+        frame::put_head(&mut buf, payload.len(), kind, flags, stream);
+        buf.put_slice(payload);
+        conn.on_read(&mut buf, &mut Vec::new());
+    }
+
+    /// A worker that breaks the protocol (a push with push disabled) loses the
+    /// connection; the request on it fails instead of hanging.
+    #[test]
+    fn a_protocol_error_fails_the_connection_and_its_streams() {
+        let (mut conn, id) = one_stream();
+        // Promising stream 2.
+        let promise = [0, 0, 0, 2];
+        feed(
+            &mut conn,
+            kind::PUSH_PROMISE,
+            flag::END_HEADERS,
+            id,
+            &promise,
+        );
+        assert!(conn.is_failed());
+        let waker = Waker::noop();
+        assert!(matches!(
+            conn.poll_head(id, waker),
+            Some(Err(Failure::Connection(_)))
+        ));
+        assert_eq!(
+            conn.open(&HeaderMap::new(), Bytes::new()),
+            Err(Refusal::Closed)
+        );
+    }
+
+    /// DATA beyond the window the agent granted is a flow-control error.
+    #[test]
+    fn data_beyond_the_granted_window_fails_the_connection() {
+        let (mut conn, id) = one_stream();
+        // :status 200 (static index 8).
+        feed(&mut conn, kind::HEADERS, flag::END_HEADERS, id, &[0x88]);
+        let waker = Waker::noop();
+        assert_eq!(conn.poll_head(id, waker).unwrap().unwrap().status, 200);
+        // 4 MiB of window, then one byte more, in 16 KiB frames.
+        let frame = vec![0u8; frame::DEFAULT_MAX_FRAME];
+        for _ in 0..(STREAM_WINDOW as usize / frame::DEFAULT_MAX_FRAME) {
+            feed(&mut conn, kind::DATA, 0, id, &frame);
+        }
+        assert!(!conn.is_failed(), "exactly the window is allowed");
+        feed(&mut conn, kind::DATA, 0, id, &[0]);
+        assert!(conn.is_failed());
     }
 }
