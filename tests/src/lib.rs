@@ -11,6 +11,8 @@
 #![forbid(unsafe_code)]
 
 pub mod certs;
+pub mod h2spec;
+pub mod nghttpd;
 pub mod py;
 pub mod zk;
 
