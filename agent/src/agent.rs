@@ -447,10 +447,12 @@ impl Agent {
         let l = &cfg.limits;
         let server_limits = ServerLimits {
             max_connections: l.connections_within(fd_limit),
-            max_concurrent_streams: l.max_concurrent_streams,
-            stream_window: limits::STREAM_WINDOW,
-            connection_window: limits::CONNECTION_WINDOW,
-            max_header_list_size: limits::MAX_HEADER_LIST_SIZE,
+            // Windows, header lists and the limits against hostile clients
+            // are the HTTP/2 crate's documented defaults (http2/README.md).
+            http2: infermesh_http2::Limits {
+                max_concurrent_streams: l.max_concurrent_streams,
+                ..infermesh_http2::Limits::default()
+            },
             handshake_timeout: l.handshake_timeout,
             idle_timeout: l.idle_timeout,
             keepalive_interval: l.keepalive_interval,

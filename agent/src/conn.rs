@@ -13,6 +13,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,10 +28,30 @@ pub struct ConnInfo {
     pub id: u64,
     /// The peer.
     pub remote: Option<SocketAddr>,
+    /// The client is not reading its responses: more bytes wait for its
+    /// HTTP/2 windows than the connection's send buffer (set by the
+    /// connection's driver, read by requests before they take a worker).
+    pub backlogged: Arc<AtomicBool>,
+}
+
+impl ConnInfo {
+    /// A connection's info, not backlogged.
+    pub fn new(id: u64, remote: Option<SocketAddr>) -> Self {
+        Self {
+            id,
+            remote,
+            backlogged: Arc::default(),
+        }
+    }
+
+    /// Whether the client has more response bytes waiting than it may.
+    pub fn is_backlogged(&self) -> bool {
+        self.backlogged.load(Ordering::Relaxed)
+    }
 }
 
 /// Called with a connection's id when it closes.
-pub type OnClose = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+pub type OnClose = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// The connection id of a request (0 when it came another way, e.g. tests
 /// serving the front directly).

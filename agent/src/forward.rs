@@ -210,7 +210,11 @@ impl InferPath {
         }
         validate_request(&req, &meta).map_err(AgentError::from)?;
         drop(req);
+        refuse_backlogged(parts)?;
         let lease = self.pool.acquire(id, None, deadline).await?;
+        // Checked again: the client may have stopped reading while this
+        // request queued.
+        refuse_backlogged(parts)?;
         crate::trace::record("worker", &lease.worker().id());
         self.metrics.transport(via);
         let process = Arc::clone(lease.process());
@@ -393,6 +397,19 @@ fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
         ));
     }
     Ok(Some(left))
+}
+
+/// Refuses new work for a client that is not reading its responses: more
+/// bytes wait for its HTTP/2 windows than its connection's send buffer
+/// allows. Without it a slow or zero-window reader would make each of its
+/// requests hold response bytes in the agent until the send timeout.
+fn refuse_backlogged(parts: &http::request::Parts) -> Result<(), Status> {
+    match parts.extensions.get::<ConnInfo>() {
+        Some(info) if info.is_backlogged() => Err(Status::resource_exhausted(
+            "this connection is not reading its responses; read them, or retry on another connection",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The code of the `grpc-status` in `map` (a worker's trailers, or the

@@ -110,9 +110,9 @@ impl Shared {
     /// Writes what `conn` has queued, as far as the socket takes it now;
     /// the rest is left to the connection's task.
     fn flush(&self, conn: &mut Conn) {
-        while !conn.out.is_empty() {
+        while !conn.out().is_empty() {
             let mut slices = [IoSlice::new(&[]); MAX_SLICES];
-            let n = conn.out.slices(&mut slices);
+            let n = conn.out().slices(&mut slices);
             match self.tcp.try_write_vectored(&slices[..n]) {
                 Ok(0) => {
                     conn.fail(
@@ -121,7 +121,7 @@ impl Shared {
                     );
                     return;
                 }
-                Ok(written) => conn.out.advance(written),
+                Ok(written) => conn.out().advance(written),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     self.write_wanted.notify_one();
                     return;
@@ -345,7 +345,7 @@ async fn drive(shared: &Shared, closed: &CancellationToken) -> Option<Failure> {
                     Ok(0) => break Failure::Connection("the worker closed the connection".into()),
                     Ok(_) => {
                         let mut conn = shared.lock();
-                        conn.on_read(&mut buf, &mut wake);
+                        conn.on_read(&mut buf, std::time::Instant::now(), &mut wake);
                         shared.flush(&mut conn);
                         let failed = conn.is_failed();
                         drop(conn);
@@ -439,7 +439,7 @@ impl Exchange {
         let mut conn = self.shared.lock();
         let polled = step(&mut conn, self.id, cx.waker());
         // Taking data may owe the worker a window update.
-        if !conn.out.is_empty() {
+        if !conn.out().is_empty() {
             self.shared.flush_soon(&mut conn);
         }
         match polled {
@@ -453,7 +453,7 @@ impl Drop for Exchange {
     fn drop(&mut self) {
         let mut conn = self.shared.lock();
         conn.close(self.id);
-        if !conn.out.is_empty() {
+        if !conn.out().is_empty() {
             self.shared.flush_soon(&mut conn);
         }
         drop(conn);

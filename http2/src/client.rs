@@ -1,30 +1,30 @@
 //! The client side of one HTTP/2 connection to a worker, without I/O: bytes
-//! read go in ([`Conn::on_read`]), bytes to write come out ([`Out`]), and
-//! each stream's answer is kept until its request's future takes it.
+//! read go in ([`Conn::on_read`]), bytes to write come out ([`Conn::out`]),
+//! and each stream's answer is kept until its request's future takes it.
 //!
 //! Unary requests only: a HEADERS block and the request's bytes as DATA
 //! (within the worker's windows), then the response's HEADERS, DATA and
 //! trailers. Everything a server may send is handled (SETTINGS, PING,
-//! WINDOW_UPDATE, RST_STREAM, GOAWAY, CONTINUATION, padding); what breaks
-//! the protocol ends the connection with GOAWAY, failing its streams.
+//! WINDOW_UPDATE, RST_STREAM, GOAWAY, CONTINUATION, padding) by the core
+//! both roles share; what breaks the protocol ends the connection with
+//! GOAWAY, failing its streams.
 
 use std::collections::VecDeque;
 use std::task::Waker;
+use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::frame::{self, code, flag, kind, setting};
-use crate::{Out, StreamMap, hpack, request};
+use crate::connection::{ConnError, Core, Frame, SendQueue};
+use crate::frame::{self, code, setting};
+use crate::limits::{Limits, MAX_HEADER_FIELDS};
+use crate::{Out, StreamMap, request};
 
 /// The receive window of each stream, as the agent advertises it.
 pub const STREAM_WINDOW: u32 = 4 << 20;
 /// The connection's receive window.
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
-/// The largest header block (with CONTINUATIONs) a worker may send.
-const MAX_HEADER_BLOCK: usize = 64 << 10;
-/// Most header fields in one block.
-const MAX_HEADER_FIELDS: usize = 256;
 
 /// Why a stream or the connection failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,7 +66,7 @@ struct Stream {
     /// What the worker lets this stream send.
     send_window: i64,
     /// Request bytes not sent yet.
-    body: Bytes,
+    body: SendQueue,
     /// What the worker may still send on this stream.
     recv_window: i64,
     /// Bytes taken by the caller and not yet given back as window.
@@ -84,24 +84,16 @@ struct Stream {
 
 /// The connection's state.
 pub struct Conn {
+    core: Core,
     authority: Bytes,
     path: &'static [u8],
-    pub out: Out,
     streams: StreamMap<Stream>,
     next_id: u32,
     /// Streams with request bytes waiting for window, oldest first.
     sending: VecDeque<u32>,
-    send_window: i64,
-    peer_initial_window: i64,
-    peer_max_frame: usize,
     peer_max_streams: usize,
-    recv_window: i64,
-    unacked: u32,
-    decoder: hpack::Decoder,
     /// Where request heads are encoded (kept: no allocation per request).
     scratch: Vec<u8>,
-    /// A header block waiting for its CONTINUATION frames.
-    block: Option<(u32, u8, BytesMut)>,
     /// GOAWAY received: no new streams.
     going_away: bool,
     failed: Option<Failure>,
@@ -118,28 +110,27 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
-    /// A connection whose preface and settings are queued in `out`.
+    /// A connection whose preface and settings are queued; every request
+    /// goes to `path` at `authority`.
     pub fn new(authority: &str, path: &'static str) -> Self {
+        let limits = Limits {
+            stream_window: STREAM_WINDOW,
+            connection_window: CONNECTION_WINDOW,
+            ..Limits::default()
+        };
         let mut conn = Self {
+            core: Core::new(limits),
             authority: Bytes::copy_from_slice(authority.as_bytes()),
             path: path.as_bytes(),
-            out: Out::default(),
             streams: StreamMap::default(),
             next_id: 1,
             sending: VecDeque::new(),
-            send_window: frame::DEFAULT_WINDOW,
-            peer_initial_window: frame::DEFAULT_WINDOW,
-            peer_max_frame: frame::DEFAULT_MAX_FRAME,
             peer_max_streams: usize::MAX,
-            recv_window: i64::from(CONNECTION_WINDOW),
-            unacked: 0,
-            decoder: hpack::Decoder::new(4096),
             scratch: Vec::new(),
-            block: None,
             going_away: false,
             failed: None,
         };
-        let out = conn.out.buf();
+        let out = conn.core.out.buf();
         out.extend_from_slice(frame::PREFACE);
         frame::put_settings(
             out,
@@ -149,8 +140,13 @@ impl Conn {
                 (setting::INITIAL_WINDOW_SIZE, STREAM_WINDOW),
             ],
         );
-        frame::put_window_update(out, 0, CONNECTION_WINDOW - frame::DEFAULT_WINDOW as u32);
+        conn.core.open_connection_window();
         conn
+    }
+
+    /// Bytes to write, in order.
+    pub fn out(&mut self) -> &mut Out {
+        &mut self.core.out
     }
 
     /// Whether new streams may be opened here.
@@ -180,21 +176,16 @@ impl Conn {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         request::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
-        // The block in frames no larger than the worker allows.
-        frame::put_header_frames(
-            self.out.buf(),
-            id,
-            &scratch,
-            body.is_empty(),
-            self.peer_max_frame,
-        );
+        self.core.put_block(id, &scratch, body.is_empty());
         self.scratch = scratch;
         let has_body = !body.is_empty();
+        let mut queue = SendQueue::default();
+        queue.push(body);
         self.streams.insert(
             id,
             Stream {
-                send_window: self.peer_initial_window,
-                body,
+                send_window: self.core.peer_initial_window,
+                body: queue,
                 recv_window: i64::from(STREAM_WINDOW),
                 unacked: 0,
                 head: None,
@@ -217,7 +208,7 @@ impl Conn {
     /// stream whose own window is shut does not hold up the others.
     fn send_pending(&mut self) {
         let mut waiting = self.sending.len();
-        while waiting > 0 && self.send_window > 0 {
+        while waiting > 0 && self.core.send_window > 0 {
             waiting -= 1;
             let Some(id) = self.sending.pop_front() else {
                 return;
@@ -225,25 +216,8 @@ impl Conn {
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
             };
-            while !stream.body.is_empty() {
-                let n = (stream.body.len() as i64)
-                    .min(self.send_window)
-                    .min(stream.send_window)
-                    .min(self.peer_max_frame as i64);
-                if n <= 0 {
-                    break;
-                }
-                let chunk = stream.body.split_to(n as usize);
-                let end = if stream.body.is_empty() {
-                    flag::END_STREAM
-                } else {
-                    0
-                };
-                frame::put_head(self.out.buf(), chunk.len(), kind::DATA, end, id);
-                self.out.payload(chunk);
-                self.send_window -= n;
-                stream.send_window -= n;
-            }
+            self.core
+                .send_data(id, &mut stream.body, &mut stream.send_window, true);
             if !stream.body.is_empty() {
                 // Blocked by a window: its turn comes again after the rest.
                 self.sending.push_back(id);
@@ -251,101 +225,48 @@ impl Conn {
         }
     }
 
-    /// Handles the frames complete in `buf` (consuming them); returns the
-    /// wakers of the streams that changed, to be woken outside any lock.
-    pub fn on_read(&mut self, buf: &mut BytesMut, wake: &mut Vec<Waker>) {
-        while self.failed.is_none() && buf.len() >= frame::HEADER_LEN {
-            let head = frame::parse_head(buf);
-            if head.len > frame::DEFAULT_MAX_FRAME {
-                self.fail_with(
-                    code::FRAME_SIZE_ERROR,
-                    "a frame over the maximum size",
-                    wake,
-                );
-                return;
-            }
-            if buf.len() < frame::HEADER_LEN + head.len {
-                buf.reserve(frame::HEADER_LEN + head.len - buf.len());
-                return;
-            }
-            buf.advance(frame::HEADER_LEN);
-            let payload = buf.split_to(head.len).freeze();
-            if let Err((error, why)) = self.frame(head, payload, wake) {
-                self.fail_with(error, why, wake);
+    /// Handles the frames complete in `buf` (consuming them) at `now`; the
+    /// wakers of the streams that changed are added to `wake`, to be woken
+    /// outside any lock.
+    pub fn on_read(&mut self, buf: &mut BytesMut, now: Instant, wake: &mut Vec<Waker>) {
+        while self.failed.is_none() {
+            let result = match self.core.read(buf, now) {
+                Ok(Some(frame)) => self.frame(frame, wake),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            if let Err((error, why)) = result {
+                self.core
+                    .fail(Some(error), why, self.next_id.saturating_sub(2));
+                self.fail(Failure::Connection(why.to_string()), wake);
             }
         }
     }
 
-    fn frame(
-        &mut self,
-        head: frame::Head,
-        payload: Bytes,
-        wake: &mut Vec<Waker>,
-    ) -> Result<(), (u32, &'static str)> {
-        if self.block.is_some() && head.kind != kind::CONTINUATION {
-            return Err((code::PROTOCOL_ERROR, "a header block was interrupted"));
-        }
-        match head.kind {
-            kind::DATA => self.data(head, payload, wake),
-            kind::HEADERS => {
-                let range = frame::unpad(&payload, head.flags, kind::HEADERS)
-                    .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
-                let block = BytesMut::from(&payload[range]);
-                if head.flags & flag::END_HEADERS != 0 {
-                    self.headers(head.stream, head.flags, &block, wake)
-                } else {
-                    self.block = Some((head.stream, head.flags, block));
-                    Ok(())
-                }
-            }
-            kind::CONTINUATION => {
-                let Some((stream, flags, mut block)) = self.block.take() else {
-                    return Err((code::PROTOCOL_ERROR, "CONTINUATION without HEADERS"));
-                };
-                if stream != head.stream {
-                    return Err((code::PROTOCOL_ERROR, "CONTINUATION on another stream"));
-                }
-                if block.len() + payload.len() > MAX_HEADER_BLOCK {
-                    return Err((code::PROTOCOL_ERROR, "a header block over 64 KiB"));
-                }
-                block.extend_from_slice(&payload);
-                if head.flags & flag::END_HEADERS != 0 {
-                    self.headers(stream, flags, &block, wake)
-                } else {
-                    self.block = Some((stream, flags, block));
-                    Ok(())
-                }
-            }
-            kind::RST_STREAM => {
-                if payload.len() != 4 {
-                    return Err((code::FRAME_SIZE_ERROR, "RST_STREAM of the wrong size"));
-                }
-                let error = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
-                let failure = if error == code::REFUSED_STREAM {
+    fn frame(&mut self, frame: Frame, wake: &mut Vec<Waker>) -> Result<(), ConnError> {
+        match frame {
+            Frame::Headers {
+                stream,
+                end_stream,
+                block,
+                ..
+            } => self.headers(stream, end_stream, &block, wake),
+            Frame::Data {
+                stream,
+                end_stream,
+                data,
+                flow,
+            } => self.data(stream, end_stream, data, flow, wake),
+            Frame::Reset { stream, code } => {
+                let failure = if code == code::REFUSED_STREAM {
                     Failure::Refused
                 } else {
-                    Failure::Reset(error)
+                    Failure::Reset(code)
                 };
-                self.fail_stream(head.stream, failure, wake);
+                self.fail_stream(stream, failure, wake);
                 Ok(())
             }
-            kind::SETTINGS => self.settings(head, &payload),
-            kind::PING => {
-                if payload.len() != 8 {
-                    return Err((code::FRAME_SIZE_ERROR, "PING of the wrong size"));
-                }
-                if head.flags & flag::ACK == 0 {
-                    frame::put_head(self.out.buf(), 8, kind::PING, flag::ACK, 0);
-                    self.out.buf().extend_from_slice(&payload);
-                }
-                Ok(())
-            }
-            kind::GOAWAY => {
-                if payload.len() < 8 {
-                    return Err((code::FRAME_SIZE_ERROR, "GOAWAY too short"));
-                }
-                let last = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
-                    & 0x7fff_ffff;
+            Frame::GoAway { last } => {
                 self.going_away = true;
                 let refused: Vec<u32> = self
                     .streams
@@ -358,85 +279,92 @@ impl Conn {
                 }
                 Ok(())
             }
-            kind::WINDOW_UPDATE => {
-                let inc = frame::window_increment(&payload)?;
-                if head.stream == 0 {
-                    frame::grow_connection_window(&mut self.send_window, inc)?;
-                } else if let Some(stream) = self.streams.get_mut(&head.stream) {
-                    stream.send_window += inc;
-                    if inc == 0 || stream.send_window > frame::MAX_WINDOW {
-                        self.reset(head.stream, code::FLOW_CONTROL_ERROR);
-                        self.fail_stream(
-                            head.stream,
-                            Failure::Malformed("bad window update"),
-                            wake,
-                        );
+            Frame::StreamWindow { stream, increment } => {
+                if let Some(s) = self.streams.get_mut(&stream) {
+                    s.send_window += increment;
+                    if increment == 0 || s.send_window > frame::MAX_WINDOW {
+                        let code = if increment == 0 {
+                            code::PROTOCOL_ERROR
+                        } else {
+                            code::FLOW_CONTROL_ERROR
+                        };
+                        self.reset(stream, code);
+                        self.fail_stream(stream, Failure::Malformed("bad window update"), wake);
                     }
                 }
                 self.send_pending();
                 Ok(())
             }
-            kind::PUSH_PROMISE => Err((code::PROTOCOL_ERROR, "PUSH_PROMISE with push disabled")),
-            // PRIORITY and unknown frame types are ignored.
-            _ => Ok(()),
+            Frame::StreamError { stream, code } => {
+                self.reset(stream, code);
+                self.fail_stream(stream, Failure::Malformed("bad PRIORITY frame"), wake);
+                Ok(())
+            }
+            Frame::Settings(set) => {
+                if let Some(window) = set.initial_window {
+                    let streams = self.streams.values_mut().map(|s| &mut s.send_window);
+                    frame::shift_windows(&mut self.core.peer_initial_window, window, streams)?;
+                }
+                if let Some(max) = set.max_streams {
+                    self.peer_max_streams = max as usize;
+                }
+                // HEADER_TABLE_SIZE limits a dynamic table the agent does not
+                // use towards the worker; ENABLE_PUSH is for servers.
+                self.send_pending();
+                Ok(())
+            }
+            Frame::ConnectionWindow => {
+                self.send_pending();
+                Ok(())
+            }
         }
     }
 
     fn data(
         &mut self,
-        head: frame::Head,
-        payload: Bytes,
+        id: u32,
+        end_stream: bool,
+        data: Bytes,
+        flow: u32,
         wake: &mut Vec<Waker>,
-    ) -> Result<(), (u32, &'static str)> {
-        let len = payload.len() as i64;
-        if len > self.recv_window {
-            return Err((
-                code::FLOW_CONTROL_ERROR,
-                "DATA beyond the connection window",
-            ));
-        }
-        self.recv_window -= len;
-        let range = frame::unpad(&payload, head.flags, kind::DATA)
-            .ok_or((code::PROTOCOL_ERROR, "bad padding"))?;
-        // Padding is consumed at once; data when the caller takes it.
-        let mut credit = (len as usize - range.len()) as u32;
-        match self.streams.get_mut(&head.stream) {
+    ) -> Result<(), ConnError> {
+        match self.streams.get_mut(&id) {
             Some(stream) if !stream.ended && stream.failure.is_none() => {
                 if !stream.headed {
                     return Err((code::PROTOCOL_ERROR, "DATA before HEADERS"));
                 }
-                if len > stream.recv_window {
+                if i64::from(flow) > stream.recv_window {
                     return Err((code::FLOW_CONTROL_ERROR, "DATA beyond the stream window"));
                 }
-                stream.recv_window -= len;
-                if !range.is_empty() {
-                    stream.data.push_back(payload.slice(range));
+                stream.recv_window -= i64::from(flow);
+                if !data.is_empty() {
+                    stream.data.push_back(data);
                 }
-                if head.flags & flag::END_STREAM != 0 {
+                if end_stream {
                     stream.ended = true;
                 }
                 wake.extend(stream.waker.take());
             }
             // A stream cancelled here, or ended: nobody takes its data.
-            _ => credit = len as u32,
+            _ => self.core.credit(flow),
         }
-        self.credit(credit);
         Ok(())
     }
 
     fn headers(
         &mut self,
         id: u32,
-        flags: u8,
+        end: bool,
         block: &[u8],
         wake: &mut Vec<Waker>,
-    ) -> Result<(), (u32, &'static str)> {
+    ) -> Result<(), ConnError> {
         // Decoded whatever the stream, to keep the HPACK state in step.
         let mut headers = HeaderMap::new();
         let mut status = None;
         let mut malformed = None;
         let mut fields = 0usize;
-        self.decoder
+        self.core
+            .decoder
             .decode(block, |name, value| {
                 fields += 1;
                 if fields > MAX_HEADER_FIELDS {
@@ -457,7 +385,6 @@ impl Conn {
                 }
             })
             .map_err(|_| (code::COMPRESSION_ERROR, "a header block did not decode"))?;
-        let end = flags & flag::END_STREAM != 0;
         let Some(stream) = self.streams.get_mut(&id) else {
             return Ok(());
         };
@@ -500,39 +427,8 @@ impl Conn {
         Ok(())
     }
 
-    fn settings(&mut self, head: frame::Head, payload: &[u8]) -> Result<(), (u32, &'static str)> {
-        let Some(set) = frame::read_settings(head, payload)? else {
-            return Ok(());
-        };
-        if let Some(window) = set.initial_window {
-            let streams = self.streams.values_mut().map(|s| &mut s.send_window);
-            frame::shift_windows(&mut self.peer_initial_window, window, streams)?;
-        }
-        if let Some(max) = set.max_frame {
-            self.peer_max_frame = max;
-        }
-        if let Some(max) = set.max_streams {
-            self.peer_max_streams = max as usize;
-        }
-        // HEADER_TABLE_SIZE limits a dynamic table the agent does not use
-        // towards the worker; ENABLE_PUSH is for servers.
-        frame::put_head(self.out.buf(), 0, kind::SETTINGS, flag::ACK, 0);
-        self.send_pending();
-        Ok(())
-    }
-
-    /// Gives `n` bytes of connection window back when enough is owed.
-    fn credit(&mut self, n: u32) {
-        self.unacked += n;
-        if self.unacked >= CONNECTION_WINDOW / 2 {
-            frame::put_window_update(self.out.buf(), 0, self.unacked);
-            self.recv_window += i64::from(self.unacked);
-            self.unacked = 0;
-        }
-    }
-
     fn reset(&mut self, id: u32, error: u32) {
-        frame::put_reset(self.out.buf(), id, error);
+        frame::put_reset(self.core.out.buf(), id, error);
     }
 
     fn fail_stream(&mut self, id: u32, failure: Failure, wake: &mut Vec<Waker>) {
@@ -540,14 +436,9 @@ impl Conn {
             if stream.failure.is_none() && !(stream.ended && stream.data.is_empty()) {
                 stream.failure = Some(failure);
             }
-            stream.body = Bytes::new();
+            stream.body.clear();
             wake.extend(stream.waker.take());
         }
-    }
-
-    fn fail_with(&mut self, error: u32, why: &'static str, wake: &mut Vec<Waker>) {
-        frame::put_goaway(self.out.buf(), self.next_id.saturating_sub(2), error);
-        self.fail(Failure::Connection(why.to_string()), wake);
     }
 
     /// Fails the connection and every stream on it.
@@ -555,14 +446,11 @@ impl Conn {
         if self.failed.is_none() {
             self.failed = Some(failure.clone());
         }
-        let ids: Vec<u32> = self.streams.keys().copied().collect();
-        for id in ids {
-            if let Some(stream) = self.streams.get_mut(&id) {
-                if stream.failure.is_none() && !stream.ended {
-                    stream.failure = Some(failure.clone());
-                }
-                wake.extend(stream.waker.take());
+        for stream in self.streams.values_mut() {
+            if stream.failure.is_none() && !stream.ended {
+                stream.failure = Some(failure.clone());
             }
+            wake.extend(stream.waker.take());
         }
     }
 
@@ -595,9 +483,9 @@ impl Conn {
                 let inc = stream.unacked;
                 stream.unacked = 0;
                 stream.recv_window += i64::from(inc);
-                frame::put_window_update(self.out.buf(), id, inc);
+                frame::put_window_update(self.core.out.buf(), id, inc);
             }
-            self.credit(n);
+            self.core.credit(n);
             return Some(Ok(Some(data)));
         }
         if let Some(f) = &stream.failure {
@@ -626,7 +514,7 @@ impl Conn {
         }
         let held: usize = stream.data.iter().map(Bytes::len).sum();
         if held > 0 && self.failed.is_none() {
-            self.credit(held as u32);
+            self.core.credit(held as u32);
         }
     }
 }
@@ -645,6 +533,7 @@ fn remember(slot: &mut Option<Waker>, waker: &Waker) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::{flag, kind};
     use bytes::BufMut;
 
     /// A connection state with one request sent on it, and its stream id.
@@ -653,6 +542,8 @@ mod tests {
         let id = conn
             .open(&HeaderMap::new(), Bytes::from_static(b"0123456789"))
             .unwrap();
+        // The worker's SETTINGS come first.
+        feed(&mut conn, kind::SETTINGS, 0, 0, &[]);
         (conn, id)
     }
 
@@ -661,7 +552,7 @@ mod tests {
         let mut buf = BytesMut::new();
         frame::put_head(&mut buf, payload.len(), kind, flags, stream);
         buf.put_slice(payload);
-        conn.on_read(&mut buf, &mut Vec::new());
+        conn.on_read(&mut buf, Instant::now(), &mut Vec::new());
     }
 
     /// A worker that breaks the protocol (a push with push disabled) loses the

@@ -143,6 +143,14 @@ pub fn unpad(payload: &[u8], flags: u8, kind: u8) -> Option<std::ops::Range<usiz
     (start <= end).then_some(start..end)
 }
 
+/// The stream a HEADERS (with the PRIORITY flag) or PRIORITY frame's
+/// priority fields make this one depend on; `None` when too short.
+pub fn priority_dependency(payload: &[u8], flags: u8) -> Option<u32> {
+    let at = usize::from(flags & flag::PADDED != 0);
+    let b = payload.get(at..at + 4)?;
+    Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) & 0x7fff_ffff)
+}
+
 /// What a peer's SETTINGS frame set that the agent's connections act on
 /// (the last value of each, as RFC 9113 6.5.3 processes them in order).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

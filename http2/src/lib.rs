@@ -18,14 +18,17 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+mod connection;
 pub mod fields;
 pub mod frame;
 pub mod hpack;
+pub mod limits;
 pub mod out;
 pub mod request;
 pub mod server;
 pub mod stream_map;
 
 pub use frame::{code, flag, kind, setting};
+pub use limits::Limits;
 pub use out::Out;
 pub use stream_map::StreamMap;

@@ -28,12 +28,6 @@ pub const DEFAULT_RECEIVE_BUDGET_BYTES: usize = 1 << 30;
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// A peer that does not answer a ping within this is disconnected.
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// HTTP/2 receive window per stream.
-pub const STREAM_WINDOW: u32 = 4 << 20;
-/// HTTP/2 receive window per connection.
-pub const CONNECTION_WINDOW: u32 = 16 << 20;
-/// Largest header list a client may send.
-pub const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
 /// Largest message of calls other than `ModelInfer`/`ModelStreamInfer`.
 pub const SMALL_MESSAGE_BYTES: usize = 4 << 20;
 

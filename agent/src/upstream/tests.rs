@@ -365,11 +365,11 @@ async fn requests_sent_inside_a_cork_leave_together_when_it_ends() {
             }
         }
         assert!(
-            shared.lock().out.len() > 3 * 100,
+            shared.lock().out().len() > 3 * 100,
             "the three requests wait in the queue"
         );
     });
-    assert_eq!(shared.lock().out.len(), 0, "written when the cork ended");
+    assert_eq!(shared.lock().out().len(), 0, "written when the cork ended");
     for (n, mut exchange) in (1..=3).zip(exchanges) {
         assert_eq!(exchange.head().await.unwrap().status, 200);
         assert_eq!(read(&mut exchange).await.unwrap().0, pattern(100 * n));

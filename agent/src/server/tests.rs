@@ -1,0 +1,241 @@
+//! The connection driver in-process, under tokio's paused clock, with
+//! `h2`'s client (a peer we did not write) over an in-memory pipe.
+
+use super::*;
+use bytes::{Bytes, BytesMut};
+use http_body::Body;
+use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
+use tokio::sync::Notify;
+
+/// Answers with the request's body as its message; `/hang` never
+/// answers, and counts its requests dropped.
+#[derive(Default)]
+struct Echo {
+    dropped: Arc<AtomicUsize>,
+    drop_seen: Arc<Notify>,
+}
+
+struct OnDrop(Arc<AtomicUsize>, Arc<Notify>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        self.1.notify_one();
+    }
+}
+
+impl Router for Echo {
+    fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send {
+        let guard = (req.uri().path() == "/hang")
+            .then(|| OnDrop(Arc::clone(&self.dropped), Arc::clone(&self.drop_seen)));
+        async move {
+            if let Some(_guard) = guard {
+                std::future::pending::<()>().await;
+            }
+            let mut body = req.into_body();
+            let mut data = BytesMut::new();
+            while let Some(frame) =
+                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+            {
+                if let Ok(d) = frame.unwrap().into_data() {
+                    data.extend_from_slice(&d);
+                }
+            }
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            // A load-report name, its value the body, as the agent's
+            // trailers carry a report that changes.
+            let echo = http::HeaderValue::from_bytes(&data).unwrap();
+            trailers.insert("infermesh-busy", echo);
+            let mut resp = Response::new(FrontBody::Message {
+                data: Some(data.freeze()),
+                trailers: Some(trailers),
+            });
+            resp.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            resp
+        }
+    }
+}
+
+fn limits() -> ServerLimits {
+    ServerLimits {
+        max_connections: 10,
+        http2: Limits {
+            max_concurrent_streams: 100,
+            stream_window: 1 << 20,
+            connection_window: 4 << 20,
+            ..Limits::default()
+        },
+        handshake_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(600),
+        keepalive_interval: Duration::from_secs(30),
+        keepalive_timeout: Duration::from_secs(20),
+    }
+}
+
+fn shutdown() -> Shutdown {
+    Shutdown {
+        graceful: CancellationToken::new(),
+        hard: CancellationToken::new(),
+    }
+}
+
+/// A connection served with `limits` by `router`; the client's end.
+fn serve(
+    limits: ServerLimits,
+    router: Arc<Echo>,
+    shutdown: Shutdown,
+) -> (tokio::io::DuplexStream, tokio::task::JoinHandle<Duration>) {
+    let (a, b) = tokio::io::duplex(1 << 20);
+    let info = ConnInfo::new(1, None);
+    let served = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        serve_connection(a, info, router, limits, shutdown).await;
+        started.elapsed()
+    });
+    (b, served)
+}
+
+fn request(path: &str) -> Request<()> {
+    Request::post(format!("http://agent{path}"))
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap()
+}
+
+async fn call(client: &mut h2::client::SendRequest<Bytes>, body: &'static [u8]) -> Bytes {
+    let mut ready = client.clone().ready().await.unwrap();
+    let (resp, mut send) = ready.send_request(request("/echo"), false).unwrap();
+    send.send_data(Bytes::from_static(body), true).unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/grpc");
+    let mut body = resp.into_body();
+    let mut got = BytesMut::new();
+    while let Some(d) = body.data().await {
+        let d = d.unwrap();
+        let _ = body.flow_control().release_capacity(d.len());
+        got.extend_from_slice(&d);
+    }
+    let trailers = body.trailers().await.unwrap().unwrap();
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(trailers["infermesh-busy"].as_bytes(), &got[..]);
+    got.freeze()
+}
+
+/// Response heads and trailers name their fields by index in the
+/// client's HPACK table after the first response: a real client
+/// (`h2`) reads every response, with the default table, none, and room
+/// for one entry. (`h2` does not hold the agent to the size it set;
+/// `infermesh_http2::server`'s tests decode with one that does.)
+#[tokio::test(start_paused = true)]
+async fn a_real_client_reads_responses_with_indexed_fields() {
+    for size in [None, Some(0), Some(60)] {
+        let (io, _served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+        let mut builder = h2::client::Builder::new();
+        if let Some(size) = size {
+            builder.header_table_size(size);
+        }
+        let (mut client, conn) = builder.handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        for body in [&b"0.5"[..], b"0.5", b"0.25", b"1"] {
+            assert_eq!(&call(&mut client, body).await[..], body, "table {size:?}");
+        }
+    }
+}
+
+/// Requests answered on a connection whose client answers pings: it
+/// stays open across ten keep-alive intervals (the earlier keep-alive
+/// closed every busy connection once per interval).
+#[tokio::test(start_paused = true)]
+async fn a_busy_connection_whose_client_answers_pings_stays_open() {
+    let (io, served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+    let (mut client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let end = tokio::time::Instant::now() + Duration::from_secs(300);
+    while tokio::time::Instant::now() < end {
+        assert_eq!(&call(&mut client, b"ping?").await[..], b"ping?");
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    assert!(!served.is_finished(), "the connection was closed");
+}
+
+/// A client that never answers is dropped one interval plus one
+/// timeout after the connection began.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_does_not_answer_pings_is_dropped_after_the_timeout() {
+    let (io, served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+    let (_client, mut conn) = h2::client::handshake(io).await.unwrap();
+    // The client's preface and SETTINGS go out; then its connection is
+    // never polled again.
+    let _ = tokio::time::timeout(Duration::from_millis(1), &mut conn).await;
+    assert_eq!(served.await.unwrap(), Duration::from_secs(50));
+    // One that never sends its preface is dropped at the handshake
+    // timeout.
+    let (_io, served) = serve(limits(), Arc::new(Echo::default()), shutdown());
+    assert_eq!(served.await.unwrap(), limits().handshake_timeout);
+}
+
+/// With no request for `idle_timeout`, the agent sends GOAWAY and the
+/// connection ends.
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+    let limits = ServerLimits {
+        idle_timeout: Duration::from_secs(45),
+        keepalive_interval: Duration::from_secs(10),
+        ..limits()
+    };
+    let (io, served) = serve(limits, Arc::new(Echo::default()), shutdown());
+    let (mut client, conn) = h2::client::handshake(io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    call(&mut client, b"x").await;
+    assert_eq!(served.await.unwrap(), Duration::from_secs(65));
+    conn.await.unwrap().unwrap();
+}
+
+/// A stream the client resets drops its request's future at once (a
+/// request waiting in a queue leaves it).
+#[tokio::test(start_paused = true)]
+async fn a_stream_the_client_resets_drops_its_request() {
+    let echo = Arc::new(Echo::default());
+    let (io, _served) = serve(limits(), Arc::clone(&echo), shutdown());
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut ready = client.ready().await.unwrap();
+    let (resp, send) = ready.send_request(request("/hang"), true).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(echo.dropped.load(Ordering::SeqCst), 0);
+    drop((resp, send));
+    echo.drop_seen.notified().await;
+    assert_eq!(echo.dropped.load(Ordering::SeqCst), 1);
+    // And the connection serves on.
+    let mut ready = ready.ready().await.unwrap();
+    assert_eq!(&call(&mut ready, b"after").await[..], b"after");
+}
+
+/// Graceful shutdown: GOAWAY, the request in flight is answered, the
+/// connection then ends.
+#[tokio::test(start_paused = true)]
+async fn a_graceful_shutdown_lets_the_request_in_flight_finish() {
+    let stop = shutdown();
+    let (io, served) = serve(limits(), Arc::new(Echo::default()), stop.clone());
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut ready = client.ready().await.unwrap();
+    let (resp, mut send) = ready.send_request(request("/echo"), false).unwrap();
+    send.send_data(Bytes::from_static(b"part"), false).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    stop.graceful.cancel();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!served.is_finished(), "a request is in flight");
+    send.send_data(Bytes::from_static(b"-end"), true).unwrap();
+    let resp = resp.await.unwrap();
+    let mut body = resp.into_body();
+    assert_eq!(&body.data().await.unwrap().unwrap()[..], b"part-end");
+    served.await.unwrap();
+}
