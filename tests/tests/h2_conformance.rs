@@ -13,64 +13,7 @@ use infermesh_tests::{Agent, testworker};
 /// Cases the agent fails today, each with what it does instead (issue 24).
 /// Remove a line when its fix lands; the test fails while a listed case
 /// passes.
-const AGENT_KNOWN_FAILURES: &[(&str, &str)] = &[
-    (
-        "http2/5.1/3",
-        "WINDOW_UPDATE on an idle stream is ignored, not a connection error PROTOCOL_ERROR",
-    ),
-    (
-        "http2/5.1/6",
-        "a second HEADERS on a half-closed (remote) stream gets RST_STREAM PROTOCOL_ERROR, not STREAM_CLOSED",
-    ),
-    (
-        "http2/5.1/8",
-        "DATA after the client's RST_STREAM is dropped silently, not STREAM_CLOSED",
-    ),
-    (
-        "http2/5.1/9",
-        "HEADERS after the client's RST_STREAM is dropped silently, not STREAM_CLOSED",
-    ),
-    (
-        "http2/5.1/11",
-        "DATA on a stream closed by END_STREAM both ways is dropped silently, not STREAM_CLOSED",
-    ),
-    (
-        "http2/5.1/12",
-        "HEADERS on a closed stream is dropped silently, not a connection error STREAM_CLOSED",
-    ),
-    (
-        "http2/5.1.1/2",
-        "HEADERS on a stream id lower than one already opened is ignored (nghttpd does the same on purpose; to decide)",
-    ),
-    (
-        "http2/5.3.1/1",
-        "HEADERS whose priority depends on its own stream is served, not a stream error PROTOCOL_ERROR",
-    ),
-    (
-        "http2/5.3.1/2",
-        "PRIORITY depending on its own stream is ignored, not a stream error PROTOCOL_ERROR",
-    ),
-    (
-        "http2/6.3/1",
-        "PRIORITY on stream 0 is ignored, not a connection error PROTOCOL_ERROR",
-    ),
-    (
-        "http2/6.3/2",
-        "PRIORITY of 4 octets is ignored, not a stream error FRAME_SIZE_ERROR",
-    ),
-    (
-        "http2/6.9/2",
-        "WINDOW_UPDATE increment 0 on a stream gets RST_STREAM FLOW_CONTROL_ERROR, not PROTOCOL_ERROR",
-    ),
-    (
-        "http2/8.1.2.6/1",
-        "content-length disagreeing with the DATA is not checked: the request is answered",
-    ),
-    (
-        "http2/8.1.2.6/2",
-        "content-length disagreeing with the sum of DATA frames is not checked: the request is answered",
-    ),
-];
+const AGENT_KNOWN_FAILURES: &[(&str, &str)] = &[];
 
 /// Cases nghttpd 1.52 (Debian 12) fails: its deliberate choices, not
 /// faults of the port.

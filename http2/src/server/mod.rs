@@ -578,10 +578,13 @@ impl Conn {
             .decoder
             .decode(block, |name, value| trailers.field(name, value))
             .map_err(|_| (code::COMPRESSION_ERROR, "a header block did not decode"))?;
+        // On a closed stream the client ended or reset: 5.1 lets either be
+        // a connection error, and h2spec (5.1/12) asks for one.
+        const CLOSED: ConnError = (code::STREAM_CLOSED, "HEADERS on a closed stream");
         let Some(stream) = self.streams.get_mut(&id) else {
             return match self.was_reset_here(id) {
                 Some(true) => Ok(()),
-                Some(false) => self.local_reset(id, code::STREAM_CLOSED, wake),
+                Some(false) => Err(CLOSED),
                 None => Err((
                     code::PROTOCOL_ERROR,
                     "HEADERS on a stream id below one already opened",
@@ -591,7 +594,7 @@ impl Conn {
         if stream.reset.is_some() {
             return match stream.reset_here {
                 true => Ok(()),
-                false => self.local_reset(id, code::STREAM_CLOSED, wake),
+                false => Err(CLOSED),
             };
         }
         if stream.recv_ended {
@@ -687,12 +690,15 @@ impl Conn {
                 "too many streams reset for the client's errors",
             ));
         }
-        if self.streams.contains_key(&id) {
-            self.reset_stream(id, error, true, wake);
-        } else {
-            frame::put_reset(self.core.out.buf(), id, error);
-            if id <= self.last_id && self.was_reset_here(id).is_none() {
-                self.remember_closed(id, true);
+        match self.streams.get(&id) {
+            Some(stream) if stream.reset.is_none() => self.reset_stream(id, error, true, wake),
+            // Already reset, or closed: the RST_STREAM alone.
+            Some(_) => frame::put_reset(self.core.out.buf(), id, error),
+            None => {
+                frame::put_reset(self.core.out.buf(), id, error);
+                if id <= self.last_id && self.was_reset_here(id).is_none() {
+                    self.remember_closed(id, true);
+                }
             }
         }
         Ok(())

@@ -351,22 +351,33 @@ fn frames_after_the_clients_end_stream_are_stream_closed() {
     }
 }
 
-/// RFC 9113 5.1 (closed): frames after the client's RST_STREAM, or on a
-/// stream whose request and response both ended, are STREAM_CLOSED; a
-/// HEADERS block on a stream id below the last opened that was never
-/// seen is a connection error (h2spec 5.1.1/2).
+/// RFC 9113 5.1 (closed): DATA after the client's RST_STREAM, or on a
+/// stream whose request and response both ended, is a stream error
+/// STREAM_CLOSED, HEADERS a connection error STREAM_CLOSED (h2spec
+/// 5.1/12); a HEADERS block on a stream id below the last opened that was
+/// never seen is a connection error PROTOCOL_ERROR (h2spec 5.1.1/2).
 #[test]
 fn frames_on_closed_streams_are_stream_closed_and_lower_ids_a_protocol_error() {
     let reset = frame(kind::RST_STREAM, 0, 1, &code::CANCEL.to_be_bytes());
-    for late in [headers(1, true), frame(kind::DATA, 0, 1, b"x")] {
-        let mut conn = settled(SETTINGS, &[]);
-        feed(&mut conn, &headers(1, false));
-        let (id, _) = conn.accept().unwrap();
-        feed(&mut conn, &reset);
-        conn.finish(id, &mut Vec::new());
-        feed(&mut conn, &late);
-        assert!(conn.failed().is_none());
-        assert_eq!(resets(&written(&mut conn)), [(1, code::STREAM_CLOSED)]);
+    for (late, connection_error) in [
+        (headers(1, true), true),
+        (frame(kind::DATA, 0, 1, b"x"), false),
+    ] {
+        for handler_done in [false, true] {
+            let mut conn = settled(SETTINGS, &[]);
+            feed(&mut conn, &headers(1, false));
+            let (id, _) = conn.accept().unwrap();
+            feed(&mut conn, &reset);
+            if handler_done {
+                conn.finish(id, &mut Vec::new());
+            }
+            feed(&mut conn, &late);
+            let frames = written(&mut conn);
+            match connection_error {
+                true => assert_eq!(goaways(&frames), [(1, code::STREAM_CLOSED)]),
+                false => assert_eq!(resets(&frames), [(1, code::STREAM_CLOSED)]),
+            }
+        }
     }
     // Both sides ended: DATA is STREAM_CLOSED.
     let mut conn = settled(SETTINGS, &[]);
