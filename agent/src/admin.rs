@@ -13,13 +13,13 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use infermesh_gpu::{GpuError, GpuEvent, GpuEventKind, GpuTelemetry};
+use infermesh_gpu::{GpuError, GpuEvent, GpuEventKind, GpuTelemetry, KernelLog, PciAddress};
 use infermesh_proto::admin::admin_server::{Admin, AdminServer};
 use infermesh_proto::admin::{
     DrainRequest, DrainResponse, GpuStatus, HealthResult, InjectGpuEventRequest,
     InjectGpuEventResponse, RestartWorkerRequest, RestartWorkerResponse, RunHealthChecksRequest,
     RunHealthChecksResponse, StatusRequest, StatusResponse, UndrainRequest, UndrainResponse,
-    WorkerEvent, WorkerStatus, inject_gpu_event_request,
+    WorkerEvent, WorkerGpuUse, WorkerStatus, inject_gpu_event_request,
 };
 use infermesh_sentinel::{Event, State};
 use subtle::ConstantTimeEq;
@@ -30,6 +30,7 @@ use crate::config::AdminToken;
 use crate::inbox::Control;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
+use crate::procfs::ProcTable;
 use crate::registry::Phase;
 use crate::state::Worker;
 use crate::worker_log::HealthRecord;
@@ -52,6 +53,10 @@ pub struct AdminState {
     pub started: Instant,
     /// GPU telemetry.
     pub gpus: Arc<dyn GpuTelemetry>,
+    /// The driver's Xid lines (the fake one takes injected lines).
+    pub kernel_log: Arc<dyn KernelLog>,
+    /// Which worker a pid belongs to (per-worker GPU use).
+    pub procs: Arc<dyn ProcTable>,
     /// Token of mutating RPCs; `None` refuses them.
     pub token: Option<AdminToken>,
     /// The registration phase: drain and undrain move it.
@@ -90,6 +95,15 @@ async fn metrics(axum::extract::State(s): axum::extract::State<AdminState>) -> i
         )],
         {
             s.metrics.record_gpus(&s.gpus.devices(), &s.gpus.sample());
+            let usage = crate::gpu::usage::per_worker(&*s.gpus, &*s.procs, &s.pool);
+            let named: Vec<_> = s
+                .pool
+                .workers()
+                .iter()
+                .map(|w| w.id().to_string())
+                .zip(usage)
+                .collect();
+            s.metrics.record_worker_gpu(&named);
             s.metrics.render(&s.pool)
         },
     )
@@ -111,6 +125,7 @@ impl AdminState {
     /// The Status answer; command lines and output only if `full`.
     pub fn status(&self, full: bool) -> StatusResponse {
         let load = self.pool.load();
+        let mut gpu_use = crate::gpu::usage::per_worker(&*self.gpus, &*self.procs, &self.pool);
         let workers = self
             .pool
             .workers()
@@ -159,6 +174,15 @@ impl AdminState {
                         .into_iter()
                         .map(|r| health_result(w.id(), r))
                         .collect(),
+                    gpu_use: std::mem::take(&mut gpu_use[w.index])
+                        .into_iter()
+                        .map(|u| WorkerGpuUse {
+                            gpu: u.gpu,
+                            memory_bytes: u.memory_bytes,
+                            utilization_pct: u.sm_util_pct,
+                            processes: u.processes,
+                        })
+                        .collect(),
                 }
             })
             .collect();
@@ -183,6 +207,7 @@ impl AdminState {
             uptime_ms: self.started.elapsed().as_millis() as u64,
             gpu_backend: self.gpus.backend().to_string(),
             gpus: self.gpu_status(),
+            kernel_log: self.kernel_log.source().to_string(),
         }
     }
 
@@ -226,6 +251,27 @@ fn health_result(worker: &str, r: HealthRecord) -> HealthResult {
 }
 
 impl AdminState {
+    /// The driver's kernel log line for Xid `xid` on GPU `gpu` blamed on
+    /// `pid`, in the current drivers' form.
+    fn kernel_line(&self, gpu: u32, xid: u32, pid: u32) -> Result<String, Status> {
+        let device = self
+            .gpus
+            .devices()
+            .into_iter()
+            .find(|d| d.index == gpu)
+            .ok_or_else(|| Status::not_found(format!("no GPU {gpu} on this node")))?;
+        let pci = PciAddress::parse(&device.pci_bus_id).ok_or_else(|| {
+            Status::internal(format!(
+                "GPU {gpu} has no PCI address ({})",
+                device.pci_bus_id
+            ))
+        })?;
+        let name = self.procs.comm(pid).unwrap_or_else(|| "<unknown>".into());
+        Ok(format!(
+            "NVRM: Xid (PCI:{pci}): {xid}, pid={pid}, name={name}, injected through the admin API"
+        ))
+    }
+
     /// Refuses a mutating call without the right `authorization: Bearer` token.
     fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let Some(AdminToken(expected)) = &self.token else {
@@ -298,11 +344,27 @@ impl Admin for AdminState {
             index: req.gpu,
             kind,
         };
-        match self.gpus.inject(event) {
+        let line = match (req.pid, kind) {
+            (Some(pid), GpuEventKind::Xid(xid)) => Some(self.kernel_line(req.gpu, xid, pid)?),
+            (Some(_), GpuEventKind::EccDoubleBit) => {
+                return Err(Status::invalid_argument(
+                    "a pid goes with an xid: a double-bit ECC error names no process",
+                ));
+            }
+            (None, _) => None,
+        };
+        // The line first, as the driver logs it before raising the event.
+        let injected = match &line {
+            Some(line) => self.kernel_log.inject_line(line),
+            None => Ok(()),
+        }
+        .and_then(|()| self.gpus.inject(event));
+        match injected {
             Ok(()) => {
                 tracing::warn!(
                     gpu = req.gpu,
                     ?kind,
+                    pid = ?req.pid,
                     "GPU event injected through the admin API"
                 );
                 Ok(Response::new(InjectGpuEventResponse {}))

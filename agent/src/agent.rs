@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use infermesh_gpu::{GpuTelemetry, XidClassifier};
+use infermesh_gpu::{GpuTelemetry, KernelLog, XidClassifier};
 use infermesh_proto::GrpcInferenceServiceServer;
 use infermesh_proto::rdma::RdmaServer;
 use infermesh_transport::shm::ShmRegistry;
@@ -287,6 +287,8 @@ impl Agent {
         let metrics = Arc::new(Metrics::new());
         let patterns = Arc::new(cfg.fault_patterns.clone());
         let gpus = open_gpu_telemetry(&cfg);
+        let kernel_log: Arc<dyn KernelLog> = infermesh_gpu::open_kernel_log(gpus.backend());
+        let procs: Arc<dyn crate::procfs::ProcTable> = Arc::new(crate::procfs::Procfs::default());
         let rdma = crate::rdma::open(cfg.rdma)
             .await
             .map_err(RunError::Rdma)?
@@ -324,8 +326,13 @@ impl Agent {
         }
         {
             let watch = gpu::watch(
-                Arc::clone(&gpus),
-                XidClassifier::new(cfg.xid_policy.clone()),
+                gpu::GpuWatch {
+                    gpus: Arc::clone(&gpus),
+                    kernel_log: Arc::clone(&kernel_log),
+                    procs: Arc::clone(&procs),
+                    classifier: XidClassifier::new(cfg.xid_policy.clone()),
+                    suspect_window: cfg.suspect_window,
+                },
                 Arc::clone(&pool),
                 Arc::clone(&metrics),
             );
@@ -495,6 +502,8 @@ impl Agent {
                 metrics: Arc::clone(&metrics),
                 started,
                 gpus: Arc::clone(&gpus),
+                kernel_log: Arc::clone(&kernel_log),
+                procs: Arc::clone(&procs),
                 token: cfg.admin_token.clone(),
                 phase: Arc::clone(&set_phase),
             };

@@ -14,11 +14,12 @@ use infermesh_health::HealthCheck;
 
 use infermesh_gpu::{Backend, XidAction, XidPolicy};
 use infermesh_proto::registry::{DEFAULT_SESSION_TIMEOUT, RegistryUrl, valid_name};
-use infermesh_sentinel::{FaultPatterns, SentinelConfig};
+use infermesh_sentinel::{FaultPatterns, SentinelConfig, StallWindow};
 use serde::Deserialize;
 
 pub mod limits;
 pub mod shm;
+pub mod stall;
 
 pub use limits::{Limits, RawLimits};
 pub use shm::{RawShm, ShmLimits};
@@ -240,6 +241,10 @@ pub struct RawGpu {
     /// ... within this window quarantine the GPU.
     #[serde(default, with = "humantime_serde")]
     pub xid_rate_window: Option<Duration>,
+    /// How long an application Xid that names no process holds its GPU's
+    /// workers suspect (one that fails within it is restarted).
+    #[serde(default, with = "humantime_serde")]
+    pub suspect_window: Option<Duration>,
 }
 
 /// `[[workers]]`.
@@ -267,6 +272,12 @@ pub struct RawWorker {
     /// How long a stopping worker gets between SIGTERM and SIGKILL.
     #[serde(default, with = "humantime_serde")]
     pub stop_grace: Option<Duration>,
+    /// The stall watchdog: `"auto"` (default: from the worker's service
+    /// times), `"off"`, or a fixed window such as `"30s"`.
+    pub stall_window: Option<String>,
+    /// With `stall_window = "auto"`: the smallest window (default 5s).
+    #[serde(default, with = "humantime_serde")]
+    pub stall_floor: Option<Duration>,
 }
 
 /// `[transport] rdma`: whether the agent offers the RDMA path.
@@ -366,6 +377,8 @@ pub struct AgentConfig {
     pub fake_gpus: u32,
     /// Xid policy.
     pub xid_policy: XidPolicy,
+    /// How long an unattributed application Xid holds workers suspect.
+    pub suspect_window: Duration,
     /// Registration, if any.
     pub registry: Option<RegistryConfig>,
     /// Whether responses carry the ORCA load report (`[transport] orca`).
@@ -449,6 +462,8 @@ pub struct WorkerSpec {
     pub startup_timeout: Duration,
     /// SIGTERM → SIGKILL grace.
     pub stop_grace: Duration,
+    /// The stall watchdog's window.
+    pub stall: StallWindow,
 }
 
 /// Default OIP listen address (Triton's gRPC port).
@@ -614,6 +629,7 @@ impl AgentConfig {
         };
         let fault_patterns = fault_patterns(&raw.sentinel, &mut problems);
         let (gpu_backend, xid_policy) = gpu_config(&raw.gpu, &mut problems);
+        let suspect_window = stall::suspect_window(raw.gpu.suspect_window, &mut problems);
         let registry = registry_config(&raw.registry, &base_dir, &mut problems);
         let rdma = match raw.transport.rdma.as_deref().map(str::parse::<RdmaMode>) {
             None => RdmaMode::default(),
@@ -671,6 +687,8 @@ impl AgentConfig {
                     problems.push(format!("{at}: invalid environment variable name '{key}'"));
                 }
             }
+            let stall =
+                stall::stall_window(&at, w.stall_window.as_deref(), w.stall_floor, &mut problems);
             workers.push(WorkerSpec {
                 id,
                 command: w.command,
@@ -681,6 +699,7 @@ impl AgentConfig {
                 max_inflight,
                 startup_timeout: w.startup_timeout.unwrap_or(DEFAULT_STARTUP_TIMEOUT),
                 stop_grace: w.stop_grace.unwrap_or(DEFAULT_STOP_GRACE),
+                stall,
             });
         }
         match (listen, admin_listen, problems.is_empty()) {
@@ -705,6 +724,7 @@ impl AgentConfig {
                 gpu_backend,
                 fake_gpus: raw.gpu.fake_devices.unwrap_or(2),
                 xid_policy,
+                suspect_window,
                 registry,
                 orca: raw.transport.orca.unwrap_or(true),
                 advertise,

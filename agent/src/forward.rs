@@ -238,15 +238,24 @@ impl InferPath {
             .into()
         };
         let exchange = process.upstream.call(meta, frame);
-        let (exchange, head) = match deadline {
-            Some(d) => tokio::time::timeout_at(d.into(), exchange)
-                .await
-                .map_err(|_| {
-                    Status::deadline_exceeded("deadline exceeded waiting for the worker")
-                })?,
-            None => exchange.await,
-        }
-        .map_err(|e| unreachable(&e))?;
+        let answer = async {
+            match deadline {
+                Some(d) => tokio::time::timeout_at(d.into(), exchange)
+                    .await
+                    .map_err(|_| {
+                        Status::deadline_exceeded("deadline exceeded waiting for the worker")
+                    })?,
+                None => exchange.await,
+            }
+            .map_err(|e| unreachable(&e))
+        };
+        // A stalled or hung worker's callers are answered when the sentinel
+        // gives up on it, not when (if ever) the worker answers.
+        let (exchange, head) = tokio::select! {
+            biased;
+            answer = answer => answer?,
+            () = process.abort.cancelled() => return Err(aborted(lease.worker().id())),
+        };
         drop(trace);
         drop(permit);
         if head.status != 200 {
@@ -277,7 +286,7 @@ impl InferPath {
         };
         if let Some(code) = trailers_only {
             let mut done = done;
-            done.finish(&mut headers, code);
+            done.finish(&mut headers, code, true);
             let mut resp = Response::new(FrontBody::Empty);
             *resp.headers_mut() = headers;
             return Ok(resp);
@@ -384,6 +393,16 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     }
 }
 
+/// The answer to a request whose worker the sentinel gave up on (it stopped
+/// answering): UNAVAILABLE, so the caller retries elsewhere at once.
+pub(crate) fn aborted(worker: &str) -> Status {
+    AgentError::WorkerUnreachable {
+        worker: worker.to_string(),
+        reason: "it stopped answering requests and is being restarted".into(),
+    }
+    .into()
+}
+
 /// What is left of `deadline`, sent to the worker as `grpc-timeout`; an
 /// error when nothing is.
 fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
@@ -464,10 +483,13 @@ struct Done {
 impl Done {
     /// Frees the permit, reports worker errors, records the request, and
     /// writes the final status (maybe rewritten) and the load report into
-    /// `trailers`.
-    fn finish(&mut self, trailers: &mut HeaderMap, code: Code) {
-        if let (Some(lease), Code::Ok) = (self.lease.as_mut(), code) {
-            lease.served();
+    /// `trailers`. `answered`: the status is the worker's, not one the
+    /// agent made up because the worker's answer broke off.
+    fn finish(&mut self, trailers: &mut HeaderMap, code: Code, answered: bool) {
+        match (self.lease.as_mut(), code) {
+            (Some(lease), Code::Ok) => lease.served(),
+            (Some(lease), _) if answered => lease.answered(),
+            _ => {}
         }
         self.lease = None;
         self.ticket = None;
@@ -516,9 +538,9 @@ pub struct ForwardBody {
 }
 
 impl ForwardBody {
-    fn end(&mut self, mut trailers: HeaderMap, code: Code) -> Frame<Bytes> {
+    fn end(&mut self, mut trailers: HeaderMap, code: Code, answered: bool) -> Frame<Bytes> {
         if let Some(mut done) = self.done.take() {
-            done.finish(&mut trailers, code);
+            done.finish(&mut trailers, code, answered);
         }
         Frame::trailers(trailers)
     }
@@ -531,7 +553,7 @@ impl ForwardBody {
         .into();
         let mut trailers = HeaderMap::new();
         let _ = status.add_header(&mut trailers);
-        self.end(trailers, status.code())
+        self.end(trailers, status.code(), false)
     }
 }
 
@@ -551,7 +573,7 @@ impl Body for ForwardBody {
             Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
             Ok(None) => match this.exchange.trailers() {
                 Some(trailers) => match grpc_code(&trailers) {
-                    Some(code) => this.end(trailers, code),
+                    Some(code) => this.end(trailers, code, true),
                     None => this.failed("the worker's response ended without a gRPC status".into()),
                 },
                 None => this.failed("the worker's response ended without trailers".into()),

@@ -19,7 +19,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use crate::conn;
 use crate::deadline::request_timeout;
 use crate::error::AgentError;
-use crate::forward::judge_worker_status;
+use crate::forward::{aborted, judge_worker_status};
 use crate::metrics::{Metrics, TransportPath};
 use crate::models::ModelId;
 use crate::pool::Pool;
@@ -123,15 +123,31 @@ impl Front {
             out.set_timeout(left);
         }
         let mut client = process.client.clone();
-        let mut resp = client
-            .model_infer(out)
-            .await
-            .map_err(|s| worker_status(lease.worker(), s))
-            .map_err(|s| {
-                judge_worker_status(lease.worker().reporter(), process.pid, &self.patterns, s)
-            })?
-            .into_inner();
-        lease.served();
+        let answer = tokio::select! {
+            biased;
+            answer = client.model_infer(out) => answer,
+            () = process.abort.cancelled() => return Err(aborted(lease.worker().id())),
+        };
+        let mut resp = match answer {
+            Ok(resp) => {
+                lease.served();
+                resp.into_inner()
+            }
+            Err(s) => {
+                // A status the worker sent is progress (the stall watchdog);
+                // a broken connection is not.
+                if std::error::Error::source(&s).is_none() {
+                    lease.answered();
+                }
+                let s = worker_status(lease.worker(), s);
+                return Err(judge_worker_status(
+                    lease.worker().reporter(),
+                    process.pid,
+                    &self.patterns,
+                    s,
+                ));
+            }
+        };
         drop(lease);
         if let Some(p) = prepared {
             shm::finish(&self.shm, owner, p, &mut resp)?;

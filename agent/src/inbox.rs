@@ -212,6 +212,7 @@ mod tests {
         reporter.control(Control::Sentinel(Event::GpuFault {
             xid: 79,
             severity: GpuFaultSeverity::Quarantine,
+            pid: None,
         }));
         for _ in 0..100_000 {
             reporter.request_error(7);

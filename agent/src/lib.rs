@@ -26,7 +26,8 @@
 //! 5. **drivers** — [`supervisor`] (the only writer of a worker's state;
 //!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] /
 //!    [`output`] (starting processes, reading their output), [`health`] (check rounds), [`gpu`] (Xid events →
-//!    supervisors), [`registry`] (the node's record).
+//!    the worker that caused them; per-worker GPU use), [`procfs`] (which
+//!    worker a pid belongs to), [`registry`] (the node's record).
 //! 6. **servers** — [`server`] (the OIP port: accept loop, the agent's own
 //!    HTTP/2 server — its protocol state is the `infermesh-http2` crate — limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
@@ -62,6 +63,7 @@ pub mod models;
 pub mod output;
 pub mod pdeathsig;
 pub mod pool;
+pub mod procfs;
 pub mod quic;
 pub mod rdma;
 pub mod registry;

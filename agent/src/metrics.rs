@@ -19,6 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+mod gpu_use;
+
 use crate::models::{ModelId, Models};
 use crate::pool::Pool;
 use infermesh_gpu::{GpuDevice, GpuSample};
@@ -118,6 +120,7 @@ pub struct Metrics {
     /// Set once every worker's zero-valued series exist.
     workers_primed: OnceLock<()>,
     gpu: GpuGauges,
+    gpu_use: gpu_use::GpuUseMetrics,
     host: HostGauges,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
     unknown: Arc<ModelMetrics>,
@@ -249,12 +252,14 @@ impl Metrics {
             node_state.clone(),
         );
         let gpu = GpuGauges::register(&mut registry);
+        let gpu_use = gpu_use::GpuUseMetrics::register(&mut registry);
         let host = HostGauges::register(&mut registry);
         let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
         Self {
             node_state,
             workers_primed: OnceLock::new(),
             gpu,
+            gpu_use,
             host,
             models: RwLock::new(Vec::new()),
             unknown,
@@ -346,8 +351,9 @@ impl Metrics {
         self.worker_faults.get_or_create(&labels).inc();
     }
 
-    /// Records a GPU Xid event and its verdict.
-    pub fn gpu_xid(&self, gpu: u32, xid: u32, verdict: &str) {
+    /// Records a GPU Xid event and its verdict; `gpu` is its index, or
+    /// `unknown` for a device NVML does not list.
+    pub fn gpu_xid(&self, gpu: &str, xid: u32, verdict: &str) {
         let labels = vec![
             ("gpu", gpu.to_string()),
             ("xid", xid.to_string()),
@@ -640,7 +646,7 @@ mod tests {
         metrics.worker_exited("w0");
         metrics.worker_restarted("w0", "exit");
         metrics.worker_fault("w0", "exit");
-        metrics.gpu_xid(0, 79, "restart_worker");
+        metrics.gpu_xid("0", 79, "restart_worker");
         let fake = infermesh_gpu::FakeTelemetry::new(1);
         use infermesh_gpu::GpuTelemetry as _;
         metrics.record_gpus(&fake.devices(), &fake.sample());

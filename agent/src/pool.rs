@@ -22,6 +22,10 @@
 //! Routability comes from the workers' snapshots: the supervisor publishes,
 //! then calls [`Pool::worker_changed`], which copies what dispatch needs
 //! (routable, models, process) and hands out or revokes accordingly.
+//!
+//! **Progress.** Each worker's [`ProgressMeter`] sees every permit taken
+//! and given back, answered by the worker or abandoned; the supervisor
+//! reads it ([`Pool::progress`]) for the stall watchdog.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use infermesh_proto::load::LoadReport;
-use infermesh_sentinel::State;
+use infermesh_sentinel::{Progress, ProgressMeter, State};
 use tokio::sync::oneshot;
 
 use crate::busy::{BusyWindow, RateWindow};
@@ -99,6 +103,8 @@ struct Slot {
     estimator: Estimator,
     /// Health factor of the worker's GPU and the host (`capacity`).
     health: f64,
+    /// Requests outstanding and answered, for the stall watchdog.
+    progress: ProgressMeter,
 }
 
 #[derive(Debug)]
@@ -117,6 +123,19 @@ enum Pick {
 
 fn lock(m: &Mutex<Sched>) -> MutexGuard<'_, Sched> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The stall watchdog's clock, given the time just read: under the agent's
+/// own tests tokio's (so a paused clock drives the watchdog), otherwise
+/// that time, so the hot path reads the clock once.
+fn watchdog_clock(now: Instant) -> Instant {
+    #[cfg(test)]
+    {
+        let _ = now;
+        tokio::time::Instant::now().into_std()
+    }
+    #[cfg(not(test))]
+    now
 }
 
 impl Pool {
@@ -272,6 +291,14 @@ impl Pool {
         let was = slot.routable;
         slot.routable = routable;
         slot.models = models;
+        let fresh = match (&slot.process, &snapshot.process) {
+            (Some(old), Some(new)) => !Arc::ptr_eq(old, new),
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if fresh {
+            slot.progress.new_process(watchdog_clock(Instant::now()));
+        }
         slot.process = snapshot.process.clone();
         match (was, routable) {
             (false, true) => {
@@ -299,17 +326,25 @@ impl Pool {
         }
     }
 
-    fn release(self: &Arc<Self>, worker: usize, served: bool) {
+    fn release(self: &Arc<Self>, worker: usize, served: bool, answered: Option<Instant>) {
         let mut s = lock(&self.sched);
         let slot = &mut s.slots[worker];
         slot.in_flight -= 1;
         slot.requests += 1;
+        let now = Instant::now();
         // Only answers count as completions for the live capacity: a worker
         // failing fast must not look fast. The slot time counts either way.
         if served {
-            slot.meter.finish(Instant::now());
+            slot.meter.finish(now);
         } else {
-            slot.meter.cancel(Instant::now());
+            slot.meter.cancel(now);
+        }
+        let at = watchdog_clock(now);
+        match answered {
+            Some(started) => slot
+                .progress
+                .answered(at, at.saturating_duration_since(started)),
+            None => slot.progress.abandoned(at),
         }
         if slot.routable {
             s.hand_off(self, worker);
@@ -379,6 +414,21 @@ impl Pool {
             }
         }
         out
+    }
+
+    /// What the stall watchdog sees of worker `index` now.
+    pub fn progress(&self, index: usize) -> Progress {
+        lock(&self.sched).slots[index]
+            .progress
+            .observe(watchdog_clock(Instant::now()))
+    }
+
+    /// Worker `index` sent part of an answer (a streamed response) without
+    /// finishing a request.
+    pub fn progressed(&self, index: usize) {
+        lock(&self.sched).slots[index]
+            .progress
+            .progressed(watchdog_clock(Instant::now()));
     }
 
     /// Requests in flight on worker `index` and requests it has finished.
@@ -571,7 +621,10 @@ impl Sched {
     fn lease(&mut self, pool: &Arc<Pool>, worker: usize, model: ModelId) -> Lease {
         let slot = &mut self.slots[worker];
         slot.in_flight += 1;
-        slot.meter.start(Instant::now());
+        let now = Instant::now();
+        slot.meter.start(now);
+        let started = watchdog_clock(now);
+        slot.progress.dispatched(started);
         Lease {
             pool: Arc::clone(pool),
             worker,
@@ -583,6 +636,8 @@ impl Sched {
             ),
             armed: true,
             served: false,
+            answered: false,
+            started,
         }
     }
 
@@ -612,8 +667,11 @@ impl Sched {
                 // The waiter gave up just now: take the permit back without
                 // re-entering this lock, and try the next one.
                 lease.armed = false;
-                self.slots[worker].in_flight -= 1;
-                self.slots[worker].meter.cancel(Instant::now());
+                let slot = &mut self.slots[worker];
+                slot.in_flight -= 1;
+                let now = Instant::now();
+                slot.meter.cancel(now);
+                slot.progress.abandoned(watchdog_clock(now));
             }
         }
     }
@@ -704,6 +762,10 @@ pub struct Lease {
     armed: bool,
     /// The worker answered the request (see [`Lease::served`]).
     served: bool,
+    /// The worker answered, with any status (see [`Lease::answered`]).
+    answered: bool,
+    /// When the permit was taken, on the watchdog's clock.
+    started: Instant,
 }
 
 impl Lease {
@@ -726,13 +788,22 @@ impl Lease {
     /// worker's live capacity when the permit is freed.
     pub fn served(&mut self) {
         self.served = true;
+        self.answered = true;
+    }
+
+    /// The worker answered, maybe with an error: it is making progress
+    /// (the stall watchdog), though the answer does not count as a
+    /// completion for its capacity unless [`Lease::served`].
+    pub fn answered(&mut self) {
+        self.answered = true;
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            self.pool.release(self.worker, self.served);
+            let answered = self.answered.then_some(self.started);
+            self.pool.release(self.worker, self.served, answered);
         }
     }
 }

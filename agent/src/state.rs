@@ -15,6 +15,7 @@ use std::sync::Arc;
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_sentinel::State;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::config::WorkerSpec;
@@ -34,6 +35,9 @@ pub struct Process {
     pub client: GrpcInferenceServiceClient<Channel>,
     /// The HTTP/2 connection plain `ModelInfer` requests are forwarded on.
     pub upstream: Upstream,
+    /// Cancelled when the sentinel gives up on this process's requests
+    /// (it stalled or hung): callers waiting on it are answered at once.
+    pub abort: CancellationToken,
 }
 
 /// What is true of a worker at one moment.

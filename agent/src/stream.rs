@@ -189,6 +189,9 @@ async fn drive(
                     resp = in_stream_error(&s);
                 }
             }
+        } else {
+            // A partial answer (decoupled model): progress for the watchdog.
+            front.pool.progressed(worker.index);
         }
         if out.send(Ok(resp)).await.is_err() {
             return;

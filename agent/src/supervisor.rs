@@ -17,7 +17,11 @@
 //! are polled every 25 ms until ready, then its health checks gate it. Once
 //! ready, a liveness probe (`ServerLive` + `ModelReady`) runs every
 //! `probe_interval`; one not answered within `probe_timeout` is reported as
-//! a timeout (a hang).
+//! a timeout (a hang). While it serves, the progress of its requests
+//! ([`Pool::progress`]) is fed to the sentinel every
+//! [`PROGRESS_INTERVAL`] for the stall watchdog; when the sentinel gives up
+//! on a stuck process its requests in flight are aborted
+//! ([`Process::abort`]), so their callers are answered at once.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -57,6 +61,9 @@ const STARTUP_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Retry interval of the startup gate while a health check fails (checks
 /// are heavier than the 25 ms readiness poll).
 const HEALTH_GATE_RETRY: Duration = Duration::from_secs(1);
+/// How often a serving worker's progress is fed to the stall watchdog: a
+/// stall is caught within its window plus this.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
 
 /// What a supervisor needs besides its worker.
 #[derive(Clone)]
@@ -120,8 +127,11 @@ pub async fn supervise(
 ) {
     let config = SentinelConfig {
         startup_timeout: worker.spec.startup_timeout,
+        stall: worker.spec.stall,
         ..ctx.sentinel.clone()
     };
+    let mut progress = tokio::time::interval(PROGRESS_INTERVAL);
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let snap = WorkerSnapshot::clone(&worker.snapshot());
     let mut s = Supervisor {
         sentinel: Sentinel::new(config, seed),
@@ -140,8 +150,9 @@ pub async fn supervise(
         health: None,
         health_waiting: Vec::new(),
         rng: seed ^ 0x9e37_79b9_7f4a_7c15,
+        progress,
     };
-    let actions = s.sentinel.start(Instant::now());
+    let actions = s.sentinel.start(now());
     s.execute_all(actions);
     s.publish();
     s.run(cancel).await;
@@ -169,6 +180,8 @@ struct Supervisor {
     health_waiting: Vec<oneshot::Sender<Vec<Verdict>>>,
     /// splitmix64 state for the health-check jitter.
     rng: u64,
+    /// Ticks of the stall watchdog's progress feed.
+    progress: tokio::time::Interval,
 }
 
 impl Supervisor {
@@ -203,6 +216,10 @@ impl Supervisor {
                     self.health = None;
                     self.on_health(round);
                 }
+                _ = self.progress.tick(), if self.watching() => {
+                    let progress = self.ctx.pool.progress(self.worker.index);
+                    self.feed(Event::Progress(progress));
+                }
                 _ = sleep_until(wake) => self.on_timer(),
             }
             self.publish();
@@ -222,6 +239,16 @@ impl Supervisor {
     fn update(&mut self, f: impl FnOnce(&mut WorkerSnapshot)) {
         f(&mut self.snap);
         self.dirty = true;
+    }
+
+    /// Whether the stall watchdog looks at this worker now: it serves.
+    fn watching(&self) -> bool {
+        self.child.is_some()
+            && self.worker.spec.stall != infermesh_sentinel::StallWindow::Off
+            && matches!(
+                self.sentinel.state(),
+                State::Ready | State::Degraded | State::Draining
+            )
     }
 
     fn pid(&self) -> Option<u32> {
@@ -272,7 +299,7 @@ impl Supervisor {
     }
 
     fn feed(&mut self, event: Event) {
-        let actions = self.sentinel.handle(Instant::now(), event);
+        let actions = self.sentinel.handle(now(), event);
         self.execute_all(actions);
     }
 
@@ -280,7 +307,7 @@ impl Supervisor {
         let mut queue = VecDeque::from(actions);
         while let Some(action) = queue.pop_front() {
             if let Some(event) = self.execute(action) {
-                queue.extend(self.sentinel.handle(Instant::now(), event));
+                queue.extend(self.sentinel.handle(now(), event));
             }
         }
     }
@@ -302,10 +329,18 @@ impl Supervisor {
                 log.push_event("resume_routing", String::new());
                 tracing::info!(worker = %id, "routing to worker");
             }
+            Action::AbortInFlight => {
+                if let Some(process) = &self.snap.process {
+                    process.abort.cancel();
+                    let (in_flight, _) = self.ctx.pool.worker_load(self.worker.index);
+                    tracing::warn!(worker = %id, pid = process.pid, in_flight, "answering the requests in flight on the stuck worker with UNAVAILABLE");
+                    log.push_event("abort_in_flight", format!("{in_flight} request(s)"));
+                }
+            }
             Action::Kill { grace } => {
                 if let Some(child) = self.child.as_mut() {
                     child.signal(Signal::SIGTERM);
-                    self.kill_at = Some(Instant::now() + grace);
+                    self.kill_at = Some(now() + grace);
                     tracing::warn!(worker = %id, pid = child.pid(), ?grace, "stopping worker (SIGTERM, SIGKILL after grace)");
                 }
             }
@@ -314,13 +349,14 @@ impl Supervisor {
                 let startup_ms = match state {
                     State::Ready | State::Degraded | State::Draining => {
                         if self.next_probe.is_none() && self.probe.is_none() {
-                            self.next_probe = Some(Instant::now() + self.ctx.probe_interval);
+                            self.next_probe = Some(now() + self.ctx.probe_interval);
                         }
                         if self.next_health.is_none() && self.health.is_none() {
                             self.schedule_health();
                         }
-                        self.spawned_at
-                            .map_or(0, |at| at.elapsed().as_millis() as u64)
+                        self.spawned_at.map_or(0, |at| {
+                            now().saturating_duration_since(at).as_millis() as u64
+                        })
                     }
                     _ => 0,
                 };
@@ -371,6 +407,16 @@ impl Supervisor {
                 log.push_event("quarantine", fault.clone());
                 self.update(|s| s.last_fault = Some(fault));
             }
+            Notice::Suspect { xid, window } => {
+                tracing::warn!(
+                    worker = %id, xid, gpu = ?self.worker.spec.gpu, ?window,
+                    "GPU Xid named no process: worker suspect; a failure within the window restarts it"
+                );
+                log.push_event(
+                    "suspect",
+                    format!("xid {xid} on its GPU named no process; suspect for {window:?}"),
+                );
+            }
             Notice::Recovered => {
                 tracing::info!(worker = %id, "worker recovered");
                 log.push_event("recovered", String::new());
@@ -399,17 +445,18 @@ impl Supervisor {
                 );
                 self.generation += 1;
                 self.child = Some(child);
-                self.spawned_at = Some(Instant::now());
+                self.spawned_at = Some(now());
                 let process = Arc::new(Process {
                     pid,
                     address,
                     client: client(address, self.ctx.max_message_bytes),
                     upstream: Upstream::new(address, self.ctx.tasks.clone()),
+                    abort: CancellationToken::new(),
                 });
                 self.update(|s| s.process = Some(process));
                 self.driver.log.push_event("spawned", format!("pid {pid}"));
                 self.probe = None;
-                self.next_probe = Some(Instant::now());
+                self.next_probe = Some(now());
                 self.health = None;
                 self.next_health = None;
                 Event::Spawned
@@ -446,7 +493,7 @@ impl Supervisor {
     }
 
     fn on_timer(&mut self) {
-        let now = Instant::now();
+        let now = now();
         if self.kill_at.is_some_and(|t| t <= now) {
             self.kill_at = None;
             if let Some(child) = self.child.as_mut() {
@@ -533,7 +580,7 @@ impl Supervisor {
                 .log
                 .record_health(result.verdicts.into_iter().map(HealthRecord::now));
         }
-        let now = Instant::now();
+        let now = now();
         match result.kind {
             ProbeKind::Startup if result.ok => {
                 self.next_probe = Some(now + self.ctx.probe_interval);
@@ -581,7 +628,7 @@ impl Supervisor {
         } else {
             splitmix64(&mut self.rng) % jitter_ns
         };
-        self.next_health = Some(Instant::now() + cfg.interval + Duration::from_nanos(extra));
+        self.next_health = Some(now() + cfg.interval + Duration::from_nanos(extra));
     }
 
     fn start_health(&mut self) {
@@ -677,6 +724,13 @@ fn splitmix64(state: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// The supervisor's clock: tokio's, which is the system's except under a
+/// paused test clock, where the sentinel's timers then run in virtual time
+/// like the sleeps that wait for them.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -248,6 +248,7 @@ pub fn idle_pool() -> Arc<crate::pool::Pool> {
             max_inflight: 1,
             startup_timeout: std::time::Duration::from_secs(1),
             stop_grace: std::time::Duration::from_secs(1),
+            stall: Default::default(),
         },
         0,
     );

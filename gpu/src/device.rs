@@ -13,6 +13,9 @@ pub struct GpuDevice {
     pub index: u32,
     /// Stable identifier, e.g. `GPU-5f1c...`; valid in `CUDA_VISIBLE_DEVICES`.
     pub uuid: String,
+    /// PCI bus id as NVML gives it, e.g. `00000000:3B:00.0`: how the
+    /// driver's kernel log lines name the device.
+    pub pci_bus_id: String,
     /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
     /// Installed framebuffer memory.
@@ -85,6 +88,22 @@ pub mod throttle {
         (HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake_slowdown"),
         (DISPLAY_CLOCK_SETTING, "display_clock_setting"),
     ];
+}
+
+/// A process holding a context on a GPU (NVML's running compute and
+/// graphics process lists).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuProcess {
+    /// NVML index of the GPU.
+    pub gpu: u32,
+    /// Its pid, in the host's pid namespace.
+    pub pid: u32,
+    /// GPU memory it holds; `None` where the driver does not say (MIG,
+    /// some virtualized GPUs).
+    pub memory_bytes: Option<u64>,
+    /// Percent of the last seconds its kernels ran on the SMs, where the
+    /// driver samples it per process.
+    pub sm_util_pct: Option<u32>,
 }
 
 /// What happened to a GPU.

@@ -6,12 +6,12 @@ use std::sync::{Mutex, PoisonError};
 use tokio::sync::broadcast;
 
 use crate::telemetry::EVENT_CAPACITY;
-use crate::{GpuDevice, GpuError, GpuEvent, GpuSample, GpuTelemetry};
+use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry};
 
 const GIB: u64 = 1 << 30;
 
-/// Fake GPUs (backend `"fake"`): fixed devices, samples the test sets, and
-/// fault events delivered by [`GpuTelemetry::inject`].
+/// Fake GPUs (backend `"fake"`): fixed devices, samples and process lists
+/// the test sets, and fault events delivered by [`GpuTelemetry::inject`].
 ///
 /// Lets the agent's GPU paths (sampling, Xid handling, quarantine) run on a
 /// host without a GPU, in tests and in `infermesh` fault drills.
@@ -19,18 +19,21 @@ const GIB: u64 = 1 << 30;
 pub struct FakeTelemetry {
     devices: Vec<GpuDevice>,
     samples: Mutex<BTreeMap<u32, GpuSample>>,
+    processes: Mutex<Vec<GpuProcess>>,
     events: broadcast::Sender<GpuEvent>,
 }
 
 impl FakeTelemetry {
     /// `count` devices indexed from 0, named "Fake GPU", with UUID
-    /// `GPU-fake-<index>`, 80 GiB and compute capability 9.0, each idling at
-    /// a plausible utilization, temperature and power.
+    /// `GPU-fake-<index>`, PCI bus id `00000000:<index + 1>:00.0` (bus in
+    /// hex), 80 GiB and compute capability 9.0, each idling at a plausible
+    /// utilization, temperature and power, with no processes.
     pub fn new(count: u32) -> Self {
         let devices = (0..count)
             .map(|index| GpuDevice {
                 index,
                 uuid: format!("GPU-fake-{index}"),
+                pci_bus_id: format!("00000000:{:02X}:00.0", index + 1),
                 name: "Fake GPU".to_owned(),
                 memory_total_bytes: 80 * GIB,
                 compute_capability: (9, 0),
@@ -48,6 +51,7 @@ impl FakeTelemetry {
         Self {
             devices,
             samples: Mutex::new(samples),
+            processes: Mutex::new(Vec::new()),
             events: broadcast::channel(EVENT_CAPACITY).0,
         }
     }
@@ -63,6 +67,14 @@ impl FakeTelemetry {
                 "fake GPU: no such device; sample dropped"
             ),
         }
+    }
+
+    /// Make [`GpuTelemetry::processes`] report `processes` from now on.
+    pub fn set_processes(&self, processes: Vec<GpuProcess>) {
+        *self
+            .processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = processes;
     }
 }
 
@@ -91,6 +103,13 @@ impl GpuTelemetry for FakeTelemetry {
     fn sample(&self) -> Vec<GpuSample> {
         let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
         samples.values().cloned().collect()
+    }
+
+    fn processes(&self) -> Vec<GpuProcess> {
+        self.processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
@@ -125,6 +144,7 @@ mod tests {
             GpuDevice {
                 index: 1,
                 uuid: "GPU-fake-1".into(),
+                pci_bus_id: "00000000:02:00.0".into(),
                 name: "Fake GPU".into(),
                 memory_total_bytes: 80 * GIB,
                 compute_capability: (9, 0),
@@ -166,6 +186,7 @@ mod tests {
         let device = GpuDevice {
             index: 3,
             uuid: "GPU-x".into(),
+            pci_bus_id: "00000000:3B:00.0".into(),
             name: "Some GPU".into(),
             memory_total_bytes: 24 * GIB,
             compute_capability: (8, 9),
@@ -178,6 +199,20 @@ mod tests {
             kind: GpuEventKind::Xid(13),
         };
         assert_eq!(fake.inject(event), Err(GpuError::UnknownDevice(0)));
+    }
+
+    #[test]
+    fn process_lists_are_scripted() {
+        let fake = FakeTelemetry::new(1);
+        assert!(fake.processes().is_empty());
+        let p = GpuProcess {
+            gpu: 0,
+            pid: 4242,
+            memory_bytes: Some(3 * GIB),
+            sm_util_pct: Some(40),
+        };
+        fake.set_processes(vec![p.clone()]);
+        assert_eq!(fake.processes(), vec![p]);
     }
 
     #[test]

@@ -17,11 +17,19 @@
 //! [`open`] picks one from the configured [`Backend`]; `auto` uses NVML when
 //! it is there and otherwise logs one line and runs without GPU events.
 //!
-//! The agent passes each event through an [`XidClassifier`] (see [`xid`] for
+//! It also lists the processes on each GPU with the memory they hold
+//! ([`GpuProcess`]), so the agent can say which worker holds how much.
+//!
+//! NVML's Xid event names no process. The driver's kernel log line does:
+//! [`KernelLog`] reads those lines (`/dev/kmsg`, or a fake), [`KernelXid`]
+//! parses them, and [`XidCorrelator`] joins the two sources into one
+//! [`XidReport`] per fault, with the pid when a line named it.
+//!
+//! The agent passes each report through an [`XidClassifier`] (see [`xid`] for
 //! the table, which follows NVIDIA's Xid catalog): application-level Xids
-//! restart the worker on that GPU, Xids that need a GPU reset quarantine the
-//! GPU, and a double-bit ECC event counts as Xid 48. The classifier is
-//! sans-IO: time is passed in.
+//! restart the worker that caused them, Xids that need a GPU reset
+//! quarantine the GPU, and a double-bit ECC event counts as Xid 48. The
+//! classifier and the correlator are sans-IO: time is passed in.
 //!
 //! This crate and `rdma` are the only places native libraries are loaded;
 //! `nvml-wrapper` keeps the FFI behind a safe API, so no `unsafe` is needed
@@ -30,20 +38,28 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod correlate;
 mod device;
 mod error;
 mod fake;
+mod kernel_log;
 mod nvml;
+mod nvrm;
 mod off;
+mod pci;
 mod telemetry;
 pub mod xid;
 
 pub use backend::{Backend, ParseBackendError, open};
-pub use device::{GpuDevice, GpuEvent, GpuEventKind, GpuSample, throttle};
+pub use correlate::{DEFAULT_HOLD, DEFAULT_WINDOW, XidCorrelator, XidReport};
+pub use device::{GpuDevice, GpuEvent, GpuEventKind, GpuProcess, GpuSample, throttle};
 pub use error::GpuError;
 pub use fake::FakeTelemetry;
+pub use kernel_log::{FakeKernelLog, KMSG, KernelLog, Kmsg, NoKernelLog, open_kernel_log};
 pub use nvml::NvmlTelemetry;
+pub use nvrm::KernelXid;
 pub use off::NoTelemetry;
+pub use pci::PciAddress;
 pub use telemetry::GpuTelemetry;
 pub use xid::{
     XID_DOUBLE_BIT_ECC, XID_FALLEN_OFF_BUS, XidAction, XidClassifier, XidPolicy, XidVerdict,

@@ -4,19 +4,27 @@
 //! runs, not at link time, so one binary runs on GPU hosts and on machines
 //! without the NVIDIA driver (where `open` returns [`GpuError::Unavailable`]).
 //!
-//! Samples are read on demand; fault events come from a watcher thread
+//! Samples and process lists are read on demand; fault events come from a
+//! watcher thread
 //! (`nvml/watcher.rs`), which needs Linux: elsewhere no events are reported.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::broadcast;
 
 use crate::telemetry::EVENT_CAPACITY;
-use crate::{GpuDevice, GpuError, GpuEvent, GpuSample, GpuTelemetry};
+use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry};
+
+/// Per-process utilization is averaged over the driver's samples of this
+/// last stretch of time.
+const PROCESS_UTILIZATION_WINDOW: Duration = Duration::from_secs(5);
 
 #[cfg(target_os = "linux")]
 mod watcher;
@@ -107,6 +115,26 @@ impl GpuTelemetry for NvmlTelemetry {
             .collect()
     }
 
+    fn processes(&self) -> Vec<GpuProcess> {
+        // The driver stamps its utilization samples with the CPU clock in µs.
+        let since = SystemTime::now()
+            .checked_sub(PROCESS_UTILIZATION_WINDOW)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_micros() as u64);
+        self.devices
+            .iter()
+            .flat_map(
+                |device| match read_processes(&self.nvml, device.index, since) {
+                    Ok(processes) => processes,
+                    Err(error) => {
+                        tracing::debug!(index = device.index, %error, "GPU process list failed");
+                        Vec::new()
+                    }
+                },
+            )
+            .collect()
+    }
+
     fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
         self.events.subscribe()
     }
@@ -138,6 +166,7 @@ fn describe(nvml: &Nvml, index: u32) -> Result<GpuDevice, NvmlError> {
     Ok(GpuDevice {
         index,
         uuid: device.uuid()?,
+        pci_bus_id: device.pci_info()?.bus_id,
         name: device.name()?,
         memory_total_bytes: device.memory_info()?.total,
         compute_capability: (cc.major, cc.minor),
@@ -167,6 +196,46 @@ fn read_sample(nvml: &Nvml, index: u32) -> Result<GpuSample, NvmlError> {
             .map(|r| r.bits())
             .unwrap_or(0),
     })
+}
+
+/// The compute and graphics processes of one device, with the memory
+/// each holds and, where the driver samples it, its SM utilization
+/// averaged over the samples taken since `since_us` (µs since the epoch).
+fn read_processes(nvml: &Nvml, index: u32, since_us: u64) -> Result<Vec<GpuProcess>, NvmlError> {
+    let device = nvml.device_by_index(index)?;
+    let compute = device.running_compute_processes()?;
+    let graphics = device.running_graphics_processes().unwrap_or_default();
+    let mut by_pid: BTreeMap<u32, GpuProcess> = BTreeMap::new();
+    for p in compute.into_iter().chain(graphics) {
+        let memory = match p.used_gpu_memory {
+            UsedGpuMemory::Used(bytes) => Some(bytes),
+            UsedGpuMemory::Unavailable => None,
+        };
+        let entry = by_pid.entry(p.pid).or_insert(GpuProcess {
+            gpu: index,
+            pid: p.pid,
+            memory_bytes: None,
+            sm_util_pct: None,
+        });
+        // In both lists it is one context: the larger figure is its memory.
+        entry.memory_bytes = entry.memory_bytes.max(memory);
+    }
+    // Not every GPU samples per process (NotSupported), and none may have
+    // been taken since `since_us` (NotFound): utilization stays unknown.
+    if let Ok(samples) = device.process_utilization_stats(since_us) {
+        let mut sums: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for s in samples {
+            let sum = sums.entry(s.pid).or_default();
+            sum.0 += u64::from(s.sm_util);
+            sum.1 += 1;
+        }
+        for (pid, (total, n)) in sums {
+            if let Some(p) = by_pid.get_mut(&pid) {
+                p.sm_util_pct = Some(u32::try_from(total / n.max(1)).unwrap_or(100).min(100));
+            }
+        }
+    }
+    Ok(by_pid.into_values().collect())
 }
 
 #[cfg(test)]
@@ -207,6 +276,16 @@ mod tests {
             Ok(nvml) => {
                 assert_eq!(nvml.backend(), "nvml");
                 assert_eq!(nvml.sample().len(), nvml.devices().len());
+                for device in nvml.devices() {
+                    assert!(
+                        crate::PciAddress::parse(&device.pci_bus_id).is_some(),
+                        "{}",
+                        device.pci_bus_id
+                    );
+                }
+                for p in nvml.processes() {
+                    assert!(p.pid > 0);
+                }
             }
             Err(GpuError::Unavailable(reason)) => assert!(!reason.is_empty()),
             Err(other) => assert!(matches!(other, GpuError::Nvml(_)), "{other:?}"),

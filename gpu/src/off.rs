@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use tokio::sync::broadcast;
 
 use crate::telemetry::EVENT_CAPACITY;
-use crate::{GpuDevice, GpuError, GpuEvent, GpuSample, GpuTelemetry};
+use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry};
 
 /// No GPU telemetry (backend `"off"`): no devices, no samples, and fault
 /// events never arrive.
@@ -33,6 +33,10 @@ impl GpuTelemetry for NoTelemetry {
         Vec::new()
     }
 
+    fn processes(&self) -> Vec<GpuProcess> {
+        Vec::new()
+    }
+
     fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
         never().subscribe()
     }
@@ -57,6 +61,7 @@ mod tests {
         assert_eq!(off.backend(), "off");
         assert!(off.devices().is_empty());
         assert!(off.sample().is_empty());
+        assert!(off.processes().is_empty());
         // The receiver outlives any particular `NoTelemetry` value.
         let mut rx = { NoTelemetry }.subscribe();
         assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));

@@ -2,7 +2,7 @@
 
 use tokio::sync::broadcast;
 
-use crate::{GpuDevice, GpuError, GpuEvent, GpuSample};
+use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample};
 
 /// How many fault events a slow subscriber may fall behind before it sees
 /// `RecvError::Lagged`. Fault events are rare; this is generous.
@@ -23,6 +23,10 @@ pub trait GpuTelemetry: Send + Sync + 'static {
 
     /// A fresh reading, one per device that could be read; may be empty.
     fn sample(&self) -> Vec<GpuSample>;
+
+    /// The processes running on each device now, with the memory they
+    /// hold; empty where not known.
+    fn processes(&self) -> Vec<GpuProcess>;
 
     /// A receiver of fault events from now on. It never reports `Closed`
     /// while the backend is alive.

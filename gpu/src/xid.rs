@@ -152,6 +152,13 @@ impl XidPolicy {
         self.table.get(&code).copied()
     }
 
+    /// Whether `code` restarts a worker (its own or, for unknown codes, the
+    /// policy's `unknown` action): an application Xid, which the driver
+    /// blames on one process.
+    pub fn restarts_worker(&self, code: u32) -> bool {
+        self.action(code).unwrap_or(self.unknown) == RestartWorker
+    }
+
     /// The action taken for codes the policy does not know.
     pub fn unknown_action(&self) -> XidAction {
         self.unknown
@@ -263,6 +270,8 @@ mod tests {
         assert_eq!(policy.action(92), Some(QuarantineAboveRate));
         assert_eq!(policy.action(63), Some(Ignore));
         assert_eq!(policy.action(12345), None);
+        assert!(policy.restarts_worker(43) && !policy.restarts_worker(79));
+        assert!(!policy.restarts_worker(12345));
         assert_eq!(XidPolicy::describe(79), Some("GPU has fallen off the bus"));
     }
 

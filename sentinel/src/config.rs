@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::StallWindow;
+
 /// Thresholds and timings of a [`Sentinel`](crate::Sentinel).
 ///
 /// Thresholds of zero behave like one: the first failure is a fault.
@@ -30,6 +32,9 @@ pub struct SentinelConfig {
     /// Consecutive liveness-probe timeouts that make a fault (a hang); fewer
     /// only degrade the worker.
     pub probe_failure_threshold: u32,
+    /// How long the worker may hold requests without answering any before
+    /// it is faulted (`stall`); see [`StallWindow`].
+    pub stall: StallWindow,
 }
 
 impl Default for SentinelConfig {
@@ -44,6 +49,7 @@ impl Default for SentinelConfig {
             error_window: Duration::from_secs(10),
             health_failure_threshold: 3,
             probe_failure_threshold: 1,
+            stall: StallWindow::default(),
         }
     }
 }

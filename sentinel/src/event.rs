@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{FaultReason, State};
+use crate::{FaultReason, Progress, State};
 
 /// How bad a GPU Xid is, as classified by the GPU monitor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,13 +46,30 @@ pub enum Event {
         /// The whole line.
         line: String,
     },
-    /// The GPU monitor classified an Xid on this worker's GPU.
+    /// The GPU monitor classified an Xid on this worker's GPU: one the
+    /// driver blamed on this worker's process (restart), or one that makes
+    /// the whole GPU unusable (quarantine).
     GpuFault {
         /// The NVIDIA Xid number.
         xid: u32,
         /// What the Xid means for the worker.
         severity: GpuFaultSeverity,
+        /// The process (thread) the driver named, when it named one.
+        pid: Option<u32>,
     },
+    /// An application Xid on this worker's GPU that could not be blamed on
+    /// a process: the worker is suspect for `window`. A request error, a
+    /// probe timeout or a failed health check within it restarts the
+    /// worker (reason `xid`) at once; otherwise the suspicion lapses.
+    GpuSuspect {
+        /// The NVIDIA Xid number.
+        xid: u32,
+        /// How long the suspicion lasts.
+        window: Duration,
+    },
+    /// What the stall watchdog sees of the worker's requests now (sent
+    /// periodically while it serves).
+    Progress(Progress),
     /// A health-check verdict.
     Health {
         /// Whether the check passed.
@@ -84,6 +101,9 @@ pub enum Action {
     StopRouting,
     /// Start sending requests to the worker again.
     ResumeRouting,
+    /// Answer every request in flight on the current process at once with
+    /// a retryable error: the process is stuck and will not answer them.
+    AbortInFlight,
     /// Terminate the process: SIGTERM, then SIGKILL once `grace` has passed.
     /// The driver reports [`Event::Exited`] when the process is gone; no
     /// [`Action::Spawn`] is emitted before that.
@@ -123,6 +143,13 @@ pub enum Notice {
         xid: u32,
         /// Human-readable detail.
         detail: String,
+    },
+    /// An unattributed application Xid made the worker suspect.
+    Suspect {
+        /// The Xid.
+        xid: u32,
+        /// How long the suspicion lasts.
+        window: Duration,
     },
     /// The worker became ready again after a fault.
     Recovered,

@@ -4,7 +4,7 @@
 //! it [`Event`]s stamped with `now`, carries out the returned [`Action`]s in
 //! order, and sends [`Event::Tick`] once [`Sentinel::poll_timeout`] has passed.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
 use crate::error_window::ErrorWindow;
@@ -52,6 +52,8 @@ pub struct Sentinel {
     probe_failures: u32,
     health_failures: u32,
     errors: ErrorWindow,
+    /// An unattributed application Xid and when the suspicion lapses.
+    suspect: Option<(u32, Instant)>,
     backoff: Backoff,
     restarts: u64,
     last_fault: Option<(FaultReason, String)>,
@@ -79,6 +81,7 @@ impl Sentinel {
             probe_failures: 0,
             health_failures: 0,
             errors,
+            suspect: None,
             backoff,
             restarts: 0,
             last_fault: None,
@@ -111,7 +114,9 @@ impl Sentinel {
             Event::GpuFault {
                 xid,
                 severity: GpuFaultSeverity::Quarantine,
+                ..
             } => self.quarantine(xid, &mut out),
+            Event::GpuSuspect { xid, window } => self.suspect(now, xid, window, &mut out),
             Event::Drain => self.drain(&mut out),
             Event::Undrain => self.undrain(&mut out),
             Event::Tick => self.tick(now, &mut out),
@@ -201,6 +206,20 @@ impl Sentinel {
                 self.health_failures = 0;
                 self.maybe_recover(out);
             }
+            Event::Health { pass: false, .. } | Event::ProbeTimeout | Event::RequestError
+                if self.suspected(now).is_some() =>
+            {
+                let xid = self.suspected(now).unwrap_or_default();
+                let what = match event {
+                    Event::Health { reason, .. } => format!("failed a health check ({reason})"),
+                    Event::ProbeTimeout => "did not answer its liveness probe".to_string(),
+                    _ => "failed a request".to_string(),
+                };
+                let detail = format!(
+                    "GPU Xid {xid} on its GPU named no process, and the worker then {what}"
+                );
+                self.fail(now, FaultReason::Xid, detail, out);
+            }
             Event::Health {
                 pass: false,
                 reason,
@@ -228,6 +247,11 @@ impl Sentinel {
                     self.degrade(out);
                 }
             }
+            Event::Progress(progress) => {
+                if let Some(detail) = self.config.stall.verdict(&progress) {
+                    self.fail(now, FaultReason::Stall, detail, out);
+                }
+            }
             Event::RequestError => {
                 if self.errors.record(now) {
                     let detail = format!(
@@ -252,8 +276,14 @@ impl Sentinel {
             Event::GpuFault {
                 xid,
                 severity: GpuFaultSeverity::Restart,
+                pid,
             } => {
-                let detail = format!("GPU Xid {xid} requires a worker restart");
+                let detail = match pid {
+                    Some(pid) => format!(
+                        "GPU Xid {xid} blamed on pid {pid} of this worker requires a worker restart"
+                    ),
+                    None => format!("GPU Xid {xid} requires a worker restart"),
+                };
                 self.fail(now, FaultReason::Xid, detail, out);
             }
             Event::Restart => {
@@ -355,6 +385,10 @@ impl Sentinel {
         if self.routable() {
             out.push(Action::StopRouting);
         }
+        // A stuck process will not answer what it holds: answer for it.
+        if matches!(reason, FaultReason::Stall | FaultReason::Hang) && self.process_alive() {
+            out.push(Action::AbortInFlight);
+        }
         self.set_state(State::Failed, out);
         out.push(Action::Emit(Notice::Fault {
             reason,
@@ -388,6 +422,26 @@ impl Sentinel {
             self.backoff_until = now.checked_add(delay);
             self.set_state(State::Backoff, out);
         }
+    }
+
+    /// Holds the worker suspect of an unattributed Xid until `now + window`.
+    fn suspect(&mut self, now: Instant, xid: u32, window: Duration, out: &mut Vec<Action>) {
+        let up = matches!(self.state, State::Ready | State::Degraded | State::Draining);
+        if !up || !self.process_alive() {
+            return;
+        }
+        let until = now.checked_add(window).unwrap_or(now);
+        if self.suspect.is_none_or(|(_, t)| t < until) {
+            self.suspect = Some((xid, until));
+        }
+        out.push(Action::Emit(Notice::Suspect { xid, window }));
+    }
+
+    /// The Xid the worker is suspect of at `now`, if any.
+    fn suspected(&self, now: Instant) -> Option<u32> {
+        self.suspect
+            .filter(|&(_, until)| now < until)
+            .map(|(xid, _)| xid)
     }
 
     fn quarantine(&mut self, xid: u32, out: &mut Vec<Action>) {
@@ -439,6 +493,7 @@ impl Sentinel {
         self.probe_failures = 0;
         self.health_failures = 0;
         self.errors.clear();
+        self.suspect = None;
     }
 
     fn process_alive(&self) -> bool {

@@ -16,6 +16,10 @@ pub enum FaultReason {
     Health,
     /// Consecutive liveness-probe timeouts reached the threshold.
     Hang,
+    /// Requests were in flight and none was answered for the stall window,
+    /// while the process may still answer probes (inference stuck, e.g. a
+    /// spinning GPU kernel or a deadlocked model).
+    Stall,
     /// Too many internal request errors within the error window.
     ErrorBurst,
     /// An operator asked for a restart.
@@ -28,12 +32,13 @@ pub enum FaultReason {
 
 impl FaultReason {
     /// Every reason, in declaration order (for pre-registering metric labels).
-    pub const ALL: [FaultReason; 9] = [
+    pub const ALL: [FaultReason; 10] = [
         FaultReason::Exit,
         FaultReason::FaultPattern,
         FaultReason::Xid,
         FaultReason::Health,
         FaultReason::Hang,
+        FaultReason::Stall,
         FaultReason::ErrorBurst,
         FaultReason::Operator,
         FaultReason::StartupTimeout,
@@ -48,6 +53,7 @@ impl FaultReason {
             FaultReason::Xid => "xid",
             FaultReason::Health => "health",
             FaultReason::Hang => "hang",
+            FaultReason::Stall => "stall",
             FaultReason::ErrorBurst => "error_burst",
             FaultReason::Operator => "operator",
             FaultReason::StartupTimeout => "startup_timeout",

@@ -4,7 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use infermesh_sentinel::{Action, Event, GpuFaultSeverity, Notice, SentinelConfig, State};
+use infermesh_sentinel::{
+    Action, Event, GpuFaultSeverity, Notice, Progress, SentinelConfig, StallWindow, State,
+};
 use proptest::prelude::*;
 
 use support::Sim;
@@ -21,6 +23,7 @@ fn config() -> SentinelConfig {
         error_window: Duration::from_secs(10),
         health_failure_threshold: 2,
         probe_failure_threshold: 2,
+        stall: StallWindow::Fixed(Duration::from_secs(5)),
     }
 }
 
@@ -37,8 +40,8 @@ fn event() -> impl Strategy<Value = Event> {
             pattern: "CUDA error".into(),
             line: "CUDA error: unspecified launch failure".into(),
         }),
-        10 => (0..100u32).prop_map(|xid| Event::GpuFault { xid, severity: GpuFaultSeverity::Restart }),
-        1 => Just(Event::GpuFault { xid: 79, severity: GpuFaultSeverity::Quarantine }),
+        10 => (0..100u32).prop_map(|xid| Event::GpuFault { xid, severity: GpuFaultSeverity::Restart, pid: None, }),
+        1 => Just(Event::GpuFault { xid: 79, severity: GpuFaultSeverity::Quarantine, pid: None, }),
         30 => any::<bool>().prop_map(|pass| Event::Health { pass, reason: "probe".into() }),
         30 => Just(Event::ProbeOk),
         20 => Just(Event::ProbeTimeout),
@@ -47,6 +50,12 @@ fn event() -> impl Strategy<Value = Event> {
         10 => Just(Event::Undrain),
         10 => Just(Event::Restart),
         40 => Just(Event::Tick),
+        10 => (0..10u64).prop_map(|s| Event::GpuSuspect { xid: 31, window: Duration::from_secs(s) }),
+        20 => (0..3usize, 0..8u64).prop_map(|(in_flight, s)| Event::Progress(Progress {
+            in_flight,
+            waiting: Duration::from_secs(s),
+            service_p99: None,
+        })),
     ]
 }
 

@@ -16,6 +16,11 @@ pub enum FaultKind {
     CudaSticky,
     /// Stops answering every RPC, probes included.
     Hang,
+    /// `ModelInfer` blocks (every call from now on, this one included)
+    /// while `ServerLive`, `ModelReady` and the rest still answer: a stuck
+    /// inference thread (a spinning GPU kernel, a deadlocked model) behind
+    /// a live control plane.
+    Stall,
     /// Outputs NaN.
     Nan,
     /// Service time × 10 (at least 10 ms, so it shows with `--service-time-ms 0`).
@@ -27,10 +32,11 @@ pub const CUDA_ERROR_MESSAGE: &str = "CUDA error: an illegal memory access was e
 
 impl FaultKind {
     /// Every kind, for help texts and tests.
-    pub const ALL: [FaultKind; 5] = [
+    pub const ALL: [FaultKind; 6] = [
         FaultKind::CudaCrash,
         FaultKind::CudaSticky,
         FaultKind::Hang,
+        FaultKind::Stall,
         FaultKind::Nan,
         FaultKind::Slow,
     ];
@@ -41,6 +47,7 @@ impl FaultKind {
             FaultKind::CudaCrash => "cuda-crash",
             FaultKind::CudaSticky => "cuda-sticky",
             FaultKind::Hang => "hang",
+            FaultKind::Stall => "stall",
             FaultKind::Nan => "nan",
             FaultKind::Slow => "slow",
         }

@@ -97,6 +97,7 @@ pub struct Inner {
     scheduled_fault_fired: AtomicBool,
     sticky: AtomicBool,
     hung: AtomicBool,
+    stalled: AtomicBool,
     nan: AtomicBool,
     slow: AtomicBool,
     stats: Mutex<HashMap<String, ModelStats>>,
@@ -115,6 +116,7 @@ impl TestWorker {
             scheduled_fault_fired: AtomicBool::new(false),
             sticky: AtomicBool::new(false),
             hung: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
             nan: AtomicBool::new(false),
             slow: AtomicBool::new(false),
             stats: Mutex::new(HashMap::new()),
@@ -147,6 +149,7 @@ impl Inner {
                 self.sticky.store(true, Ordering::SeqCst);
             }
             FaultKind::Hang => self.hung.store(true, Ordering::SeqCst),
+            FaultKind::Stall => self.stalled.store(true, Ordering::SeqCst),
             FaultKind::Nan => self.nan.store(true, Ordering::SeqCst),
             FaultKind::Slow => self.slow.store(true, Ordering::SeqCst),
         }
@@ -215,6 +218,10 @@ impl Inner {
             }
         }
         self.hang_if_hung().await;
+        if self.stalled.load(Ordering::SeqCst) {
+            // Inference is stuck; the other RPCs are not.
+            std::future::pending::<()>().await;
+        }
         if self.sticky.load(Ordering::SeqCst) {
             return Err(Status::internal(CUDA_ERROR_MESSAGE));
         }

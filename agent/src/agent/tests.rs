@@ -234,3 +234,104 @@ async fn idle_streams_hold_no_worker_permit() {
     drop(open);
     agent.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_inference_stalls_is_restarted_and_its_callers_answered_at_once() {
+    use infermesh_proto::inference::{InferParameter, infer_parameter::ParameterChoice};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    // Two workers with the default stall watchdog.
+    let mut cfg = config(4, 8);
+    let mut second = cfg.workers[0].clone();
+    second.id = "w1".into();
+    cfg.workers.push(second);
+    let agent = Agent::start(cfg, FakeLauncher::new(WorkerOptions::default()))
+        .await
+        .unwrap();
+    let mut c = client(&agent).await;
+    while !agent.pool().workers().iter().all(|w| w.snapshot().routable) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Both answer in well under a millisecond: their service times are known.
+    for _ in 0..40 {
+        c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
+    }
+    // Inference on one of them blocks from now on; its probes still pass.
+    let mut stuck = request("dense", &[0.5; 16]);
+    stuck.parameters.insert(
+        infermesh_proto::FAULT_PARAMETER.into(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::StringParam("stall".into())),
+        },
+    );
+    let blocked = {
+        let mut c = c.clone();
+        tokio::spawn(async move { c.model_infer(stuck).await })
+    };
+    let victim = loop {
+        if let Some(i) = (0..2).find(|&i| agent.pool().worker_load(i).0 == 1) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    };
+    let other = 1 - victim;
+    // Load keeps coming meanwhile, a request every 100 ms.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, unavailable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let load = {
+        let (c, stop, ok, unavailable) = (
+            c.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&ok),
+            Arc::clone(&unavailable),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let mut c = c.clone();
+                let (ok, unavailable) = (Arc::clone(&ok), Arc::clone(&unavailable));
+                tokio::spawn(async move {
+                    match c.model_infer(request("dense", &[0.5; 16])).await {
+                        Ok(_) => ok.fetch_add(1, Ordering::SeqCst),
+                        Err(s) if s.code() == tonic::Code::Unavailable => {
+                            unavailable.fetch_add(1, Ordering::SeqCst)
+                        }
+                        Err(s) => panic!("{s:?}"),
+                    };
+                });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let started = tokio::time::Instant::now();
+    let w = &agent.pool().workers()[victim];
+    let mut rx = w.watch();
+    let restarted = tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|s| s.restarts == 1))
+        .await
+        .expect("the stalled worker is restarted")
+        .map(|s| s.clone())
+        .unwrap();
+    let took = started.elapsed();
+    let fault = restarted.last_fault.as_deref().unwrap();
+    assert!(fault.starts_with("stall: "), "{fault}");
+    assert!(took < Duration::from_secs(10), "restarted after {took:?}");
+    // The blocked caller was answered with a retryable status.
+    let answer = blocked.await.unwrap().unwrap_err();
+    assert_eq!(answer.code(), tonic::Code::Unavailable, "{answer:?}");
+    let events: Vec<_> = w.log().events().into_iter().map(|e| e.kind).collect();
+    assert!(events.contains(&"abort_in_flight"), "{events:?}");
+    stop.store(true, Ordering::SeqCst);
+    load.await.unwrap();
+    // The other worker served throughout, untouched.
+    let o = agent.pool().workers()[other].snapshot();
+    assert_eq!((o.restarts, o.routable), (0, true));
+    assert!(ok.load(Ordering::SeqCst) > 0);
+    let text = agent.metrics().render(agent.pool());
+    let id = w.id();
+    assert!(
+        text.contains(&format!(
+            r#"infermesh_worker_faults_total{{worker="{id}",reason="stall"}} 1"#
+        )),
+        "{text}"
+    );
+    agent.stop().await;
+}

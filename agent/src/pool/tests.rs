@@ -26,6 +26,7 @@ fn spec(id: &str, models: &[&str], max_inflight: usize) -> WorkerSpec {
         max_inflight,
         startup_timeout: Duration::from_secs(1),
         stop_grace: Duration::from_secs(1),
+        stall: Default::default(),
     }
 }
 
@@ -51,6 +52,7 @@ impl Fixture {
             client: infermesh_proto::oip_client("127.0.0.1:9", Duration::from_secs(1), 1 << 20)
                 .unwrap(),
             upstream: Upstream::new(address, TaskTracker::new()),
+            abort: Default::default(),
         });
         self.drivers[i].publisher.send_modify(|s| {
             let mut next = WorkerSnapshot::clone(s);

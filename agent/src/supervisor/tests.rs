@@ -32,6 +32,7 @@ fn spec(stop_grace: Duration, startup_timeout: Duration) -> WorkerSpec {
         max_inflight: 4,
         startup_timeout,
         stop_grace,
+        stall: Default::default(),
     }
 }
 
@@ -147,6 +148,7 @@ async fn a_gpu_quarantine_wins_over_a_flood_of_request_errors() {
     reporter.control(Control::Sentinel(Event::GpuFault {
         xid: 79,
         severity: GpuFaultSeverity::Quarantine,
+        pid: None,
     }));
     for _ in 0..100_000 {
         reporter.request_error(pid);

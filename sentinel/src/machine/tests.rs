@@ -231,6 +231,7 @@ fn gpu_restart_fault_is_an_xid_fault() {
     let actions = h.send(Event::GpuFault {
         xid: 13,
         severity: GpuFaultSeverity::Restart,
+        pid: None,
     });
     assert_eq!(fault_reason(&actions), Some(FaultReason::Xid));
     assert_eq!(actions.last(), Some(&kill()));
@@ -244,6 +245,7 @@ fn faults_while_starting_kill_the_process() {
     let actions = h.send(Event::GpuFault {
         xid: 31,
         severity: GpuFaultSeverity::Restart,
+        pid: None,
     });
     // Not routable yet, so no StopRouting.
     assert_eq!(actions[0], Action::SetState(State::Failed));
@@ -628,6 +630,7 @@ fn quarantine_is_terminal() {
     let actions = h.send(Event::GpuFault {
         xid: 79,
         severity: GpuFaultSeverity::Quarantine,
+        pid: None,
     });
     assert_eq!(actions.len(), 4, "{actions:?}");
     assert_eq!(actions[0], Action::StopRouting);
@@ -651,6 +654,7 @@ fn quarantine_is_terminal() {
         Event::GpuFault {
             xid: 79,
             severity: GpuFaultSeverity::Quarantine,
+            pid: None,
         },
     ];
     for event in everything {
@@ -671,6 +675,7 @@ fn quarantine_without_a_process_needs_no_kill() {
     let actions = h.send(Event::GpuFault {
         xid: 48,
         severity: GpuFaultSeverity::Quarantine,
+        pid: None,
     });
     assert_eq!(actions.len(), 2, "{actions:?}");
     assert_eq!(actions[0], Action::SetState(State::Quarantined));
@@ -685,6 +690,7 @@ fn quarantine_during_a_kill_does_not_kill_twice() {
     let actions = h.send(Event::GpuFault {
         xid: 79,
         severity: GpuFaultSeverity::Quarantine,
+        pid: None,
     });
     assert_eq!(actions.len(), 2, "{actions:?}");
     assert_eq!(actions[0], Action::SetState(State::Quarantined));

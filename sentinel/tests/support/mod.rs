@@ -179,6 +179,11 @@ impl Sim {
                     }
                     self.kill_requested = true;
                 }
+                Action::AbortInFlight => {
+                    if self.strict {
+                        assert_ne!(self.process, Process::Absent, "abort without a process");
+                    }
+                }
                 Action::StopRouting => self.routing = false,
                 Action::ResumeRouting => self.routing = true,
                 Action::SetState(state) => self.advertised = *state,
