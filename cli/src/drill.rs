@@ -19,8 +19,13 @@
 //!
 //! Needs an agent whose workers are `infermesh-testworker`s (for the
 //! process faults) and `gpu.backend = "fake"` with `gpu = N` per worker (for
-//! the Xid faults). A quarantine (Xid 79) is terminal, so it runs at most
-//! once per GPU worker, always leaving one worker serving.
+//! the Xid faults; the injected Xid 31 names the victim's pid, as the
+//! driver's kernel log line does). A quarantine (Xid 79) is terminal, so it
+//! runs at most once per GPU worker, always leaving one worker serving.
+//! The real GPU faults (`device-assert`, `illegal-address`, `spin`) are
+//! requests that `examples/torch-worker` answers with a real CUDA fault;
+//! `scripts/gpu-drill.sh` runs them. Restarts of workers other than the
+//! victim during an injection are counted as collateral: it must be 0.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,15 +54,25 @@ enum Fault {
     CudaCrash,
     CudaSticky,
     Hang,
+    /// Inference blocks while the control plane answers.
+    Stall,
     Xid31,
     Xid79,
+    /// torch-worker: an out-of-bounds index on a CUDA tensor.
+    DeviceAssert,
+    /// torch-worker: a kernel storing through a wild pointer.
+    IllegalAddress,
+    /// torch-worker: a kernel spinning on `clock64()` for a bounded time.
+    Spin,
 }
 
 impl Fault {
-    const ALL: [Fault; 5] = [
+    /// The faults the test worker and the fake GPU backend make.
+    const ALL: [Fault; 6] = [
         Fault::CudaCrash,
         Fault::CudaSticky,
         Fault::Hang,
+        Fault::Stall,
         Fault::Xid31,
         Fault::Xid79,
     ];
@@ -67,8 +82,12 @@ impl Fault {
             Fault::CudaCrash => "cuda-crash",
             Fault::CudaSticky => "cuda-sticky",
             Fault::Hang => "hang",
+            Fault::Stall => "stall",
             Fault::Xid31 => "xid-31",
             Fault::Xid79 => "xid-79",
+            Fault::DeviceAssert => "device-assert",
+            Fault::IllegalAddress => "illegal-address",
+            Fault::Spin => "spin",
         }
     }
 
@@ -128,6 +147,7 @@ struct FaultReport {
     requests: u64,
     failed: u64,
     failed_after_detection: u64,
+    collateral_restarts: u64,
 }
 
 #[derive(Debug, Serialize, Clone, Copy)]
@@ -320,7 +340,7 @@ async fn drill_one(
     samples: &Mutex<Vec<Sample>>,
 ) -> Result<FaultReport, String> {
     let (mut stop_h, mut again_h, mut net_h) = (histogram(), histogram(), histogram());
-    let (mut injections, mut detected) = (0, 0);
+    let (mut injections, mut detected, mut collateral) = (0, 0, 0);
     let window_start = unix_micros();
     let mut detection_windows = Vec::new();
     for i in 0..args.count {
@@ -372,6 +392,7 @@ async fn drill_one(
             wait_for_event(&mut admin, &victim.id, "resume_routing", stopped, deadline).await?;
         match resumed {
             Some((at, startup_ms)) => {
+                collateral += restarts_of_others(&status(&mut admin).await?, &victim.id, t0, at);
                 detection_windows.push((stopped, at));
                 let again = at.saturating_sub(t0).max(1);
                 again_h.saturating_record(again);
@@ -413,7 +434,18 @@ async fn drill_one(
         requests: in_window.len() as u64,
         failed: in_window.iter().filter(|s| !s.ok).count() as u64,
         failed_after_detection: failed_after,
+        collateral_restarts: collateral,
     })
+}
+
+/// Restarts of workers other than `victim` between `from` and `to` (Unix µs).
+fn restarts_of_others(workers: &[WorkerStatus], victim: &str, from: u64, to: u64) -> u64 {
+    workers
+        .iter()
+        .filter(|w| w.id != victim)
+        .flat_map(|w| &w.events)
+        .filter(|e| e.kind == "restart" && (from..=to).contains(&e.unix_micros))
+        .count() as u64
 }
 
 /// Polls the worker's event log until an event of `kind` at or after
@@ -483,26 +515,30 @@ async fn wait_all_routable(
 }
 
 async fn inject(fault: Fault, victim: &WorkerStatus, admin: &mut Admin) -> Result<(), String> {
-    let xid = |code| async move {
+    let xid = |code, pid| async move {
         let gpu = victim.gpu.ok_or("worker has no GPU")?;
         admin
             .inject_gpu_event(InjectGpuEventRequest {
                 gpu,
                 kind: Some(inject_gpu_event_request::Kind::Xid(code)),
+                pid,
             })
             .await
             .map(|_| ())
             .map_err(|e| e.message().to_string())
     };
     match fault {
-        Fault::Xid31 => xid(31).await,
-        Fault::Xid79 => xid(79).await,
-        Fault::CudaCrash | Fault::CudaSticky | Fault::Hang => {
-            let kind = match fault {
-                Fault::CudaCrash => "cuda-crash",
-                Fault::CudaSticky => "cuda-sticky",
-                _ => "hang",
-            };
+        // The driver names the faulting process of an application Xid.
+        Fault::Xid31 => xid(31, Some(victim.pid)).await,
+        Fault::Xid79 => xid(79, None).await,
+        Fault::CudaCrash
+        | Fault::CudaSticky
+        | Fault::Hang
+        | Fault::Stall
+        | Fault::DeviceAssert
+        | Fault::IllegalAddress
+        | Fault::Spin => {
+            let kind = fault.name();
             let channel = Channel::from_shared(uri(&victim.address))
                 .map_err(|e| e.to_string())?
                 .connect_lazy();
@@ -527,7 +563,7 @@ fn print_table(reports: &[FaultReport]) {
         p.map_or("-".to_string(), |p| format!("{:.1} / {:.1}", p.p50, p.p99))
     };
     println!(
-        "{:<12} {:>5} {:>9} {:>22} {:>22} {:>24} {:>9} {:>7} {:>16}",
+        "{:<15} {:>5} {:>9} {:>22} {:>22} {:>24} {:>9} {:>7} {:>16} {:>10}",
         "fault",
         "n",
         "detected",
@@ -536,11 +572,12 @@ fn print_table(reports: &[FaultReport]) {
         "again−startup p50/p99",
         "requests",
         "failed",
-        "failed after det."
+        "failed after det.",
+        "collateral"
     );
     for r in reports {
         println!(
-            "{:<12} {:>5} {:>9} {:>19} ms {:>19} ms {:>21} ms {:>9} {:>7} {:>16}",
+            "{:<15} {:>5} {:>9} {:>19} ms {:>19} ms {:>21} ms {:>9} {:>7} {:>16} {:>10}",
             r.fault,
             r.injections,
             r.detected,
@@ -549,7 +586,8 @@ fn print_table(reports: &[FaultReport]) {
             fmt(r.serving_again_minus_startup_ms),
             r.requests,
             r.failed,
-            r.failed_after_detection
+            r.failed_after_detection,
+            r.collateral_restarts
         );
     }
 }

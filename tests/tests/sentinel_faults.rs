@@ -1,5 +1,6 @@
 //! The sentinel end to end: for each fault — a CUDA crash, Triton's sticky
-//! CUDA error, a hang, an application Xid (31) and a GPU-fatal Xid (79) —
+//! CUDA error, a hang, an application Xid (31, blamed on the worker's pid as
+//! the driver's kernel log line blames it) and a GPU-fatal Xid (79) —
 //! under a constant request stream through an agent with two workers, the
 //! agent stops routing to the failed worker, restarts it (or quarantines
 //! it), and the worker serves again. No request sent after detection fails,
@@ -121,12 +122,13 @@ fn trigger_on_worker(address: String, kind: &'static str) {
     });
 }
 
-async fn inject_xid(agent: &Agent, gpu: u32, xid: u32) {
+async fn inject_xid(agent: &Agent, gpu: u32, xid: u32, pid: Option<u32>) {
     let mut admin = agent.admin().await;
     admin
         .inject_gpu_event(InjectGpuEventRequest {
             gpu,
             kind: Some(inject_gpu_event_request::Kind::Xid(xid)),
+            pid,
         })
         .await
         .unwrap();
@@ -290,9 +292,9 @@ async fn hang_is_detected_by_the_probe_and_the_worker_restarted() {
 }
 
 #[tokio::test]
-async fn application_xid_restarts_the_worker_on_that_gpu() {
+async fn application_xid_restarts_the_worker_it_names() {
     fault_under_load(
-        async |agent, _| inject_xid(agent, 0, 31).await,
+        async |agent, w| inject_xid(agent, 0, 31, Some(w.pid)).await,
         Expect::Restart,
         &["xid"],
     )
@@ -302,7 +304,7 @@ async fn application_xid_restarts_the_worker_on_that_gpu() {
 #[tokio::test]
 async fn fatal_xid_quarantines_the_gpu() {
     fault_under_load(
-        async |agent, _| inject_xid(agent, 0, 79).await,
+        async |agent, _| inject_xid(agent, 0, 79, None).await,
         Expect::Quarantine,
         &["xid 79"],
     )
@@ -343,6 +345,7 @@ async fn xid_injection_needs_the_fake_backend() {
         .inject_gpu_event(InjectGpuEventRequest {
             gpu: 0,
             kind: Some(inject_gpu_event_request::Kind::Xid(31)),
+            pid: None,
         })
         .await
         .unwrap_err();

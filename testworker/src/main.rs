@@ -38,7 +38,7 @@ struct Args {
     /// Simulated model load time before the worker reports ready, in milliseconds.
     #[arg(long, default_value_t = 0.0)]
     startup_ms: f64,
-    /// Fault to fire after --fault-after requests: cuda-crash, cuda-sticky, hang, nan, slow.
+    /// Fault to fire after --fault-after requests: cuda-crash, cuda-sticky, hang, stall, nan, slow.
     #[arg(long)]
     fault: Option<FaultKind>,
     /// Requests served before --fault fires.
