@@ -150,6 +150,7 @@ pub fn to_json(s: &StatusResponse) -> serde_json::Value {
         "busy_ratio": s.busy_ratio,
         "uptime_ms": s.uptime_ms,
         "gpu_backend": s.gpu_backend,
+        "kernel_log": s.kernel_log,
         "gpus": s.gpus.iter().map(|g| json!({
             "index": g.index, "uuid": g.uuid, "name": g.name,
             "memory_total_bytes": g.memory_total_bytes, "memory_used_bytes": g.memory_used_bytes,
@@ -162,6 +163,10 @@ pub fn to_json(s: &StatusResponse) -> serde_json::Value {
             "routable": w.routable, "restarts": w.restarts, "last_fault": w.last_fault,
             "last_exit": w.last_exit, "gpu": w.gpu, "command": w.command,
             "startup_ms": w.startup_ms, "last_output": w.last_output,
+            "gpu_use": w.gpu_use.iter().map(|u| json!({
+                "gpu": u.gpu, "memory_bytes": u.memory_bytes,
+                "utilization_pct": u.utilization_pct, "processes": u.processes,
+            })).collect::<Vec<_>>(),
             "health": w.health.iter().map(super::health::result_json).collect::<Vec<_>>(),
             "events": w.events.iter().map(|e| json!({
                 "unix_micros": e.unix_micros, "kind": e.kind, "detail": e.detail,
@@ -211,7 +216,7 @@ fn print_status(s: &StatusResponse) {
         }
     }
     if !s.gpus.is_empty() {
-        println!("GPUs ({}):", s.gpu_backend);
+        println!("GPUs ({}, Xid lines from {}):", s.gpu_backend, s.kernel_log);
         for g in &s.gpus {
             println!(
                 "  {} {} util {}% mem {}/{} MiB {}°C ecc {}",
@@ -223,6 +228,18 @@ fn print_status(s: &StatusResponse) {
                 g.temperature_c,
                 g.ecc_uncorrected
             );
+            for w in &s.workers {
+                for u in w.gpu_use.iter().filter(|u| u.gpu == g.index) {
+                    println!(
+                        "    {:<12} mem {} MiB util {} ({} process{})",
+                        w.id,
+                        u.memory_bytes >> 20,
+                        u.utilization_pct.map_or("-".into(), |p| format!("{p}%")),
+                        u.processes,
+                        if u.processes == 1 { "" } else { "es" }
+                    );
+                }
+            }
         }
     }
 }
