@@ -647,6 +647,16 @@ mod tests {
         metrics.worker_restarted("w0", "exit");
         metrics.worker_fault("w0", "exit");
         metrics.gpu_xid("0", 79, "restart_worker");
+        metrics.gpu_xid_attribution("0", 43, "worker");
+        metrics.record_worker_gpu(&[(
+            "w0".into(),
+            vec![crate::gpu::usage::WorkerGpuUse {
+                gpu: 0,
+                memory_bytes: 1,
+                sm_util_pct: Some(1),
+                processes: 1,
+            }],
+        )]);
         let fake = infermesh_gpu::FakeTelemetry::new(1);
         use infermesh_gpu::GpuTelemetry as _;
         metrics.record_gpus(&fake.devices(), &fake.sample());

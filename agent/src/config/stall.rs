@@ -133,4 +133,48 @@ mod tests {
         suspect_window(Some(Duration::from_secs(3600)), &mut problems);
         assert_eq!(problems.len(), 2, "{problems:?}");
     }
+
+    #[test]
+    fn the_whole_config_reports_them_with_the_worker_named() {
+        let raw = crate::config::RawConfig::from_toml(
+            r#"
+[gpu]
+suspect_window = "1h"
+[[workers]]
+id = "fast"
+command = "x"
+stall_window = "soon"
+[[workers]]
+command = "y"
+stall_window = "off"
+stall_floor = "3s"
+[[workers]]
+command = "z"
+stall_window = "90s"
+"#,
+        )
+        .unwrap();
+        let err = crate::config::AgentConfig::from_raw(raw).unwrap_err();
+        let problems = err.0.join("\n");
+        assert_eq!(err.0.len(), 3, "{problems}");
+        assert!(problems.contains("gpu.suspect_window"), "{problems}");
+        assert!(
+            problems.contains("workers[0] (fast): stall_window 'soon'"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("workers[1] (w1): stall_floor only applies"),
+            "{problems}"
+        );
+        let ok = crate::config::RawConfig::from_toml(
+            "[[workers]]\ncommand = \"z\"\nstall_window = \"90s\"\n",
+        )
+        .unwrap();
+        let cfg = crate::config::AgentConfig::from_raw(ok).unwrap();
+        assert_eq!(
+            cfg.workers[0].stall,
+            StallWindow::Fixed(Duration::from_secs(90))
+        );
+        assert_eq!(cfg.suspect_window, crate::gpu::DEFAULT_SUSPECT_WINDOW);
+    }
 }
