@@ -216,8 +216,13 @@ impl Conn {
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
             };
-            self.core
-                .send_data(id, &mut stream.body, &mut stream.send_window, true);
+            self.core.send_data(
+                id,
+                &mut stream.body,
+                &mut stream.send_window,
+                true,
+                usize::MAX,
+            );
             if !stream.body.is_empty() {
                 // Blocked by a window: its turn comes again after the rest.
                 self.sending.push_back(id);

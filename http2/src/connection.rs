@@ -411,21 +411,25 @@ impl Core {
     }
 
     /// Writes what `queue` holds for stream `id` as DATA frames, as far as
-    /// the windows allow (`end_stream`: the frame that empties it ends the
-    /// stream); the bytes written.
+    /// the windows allow and while fewer than `max_out` bytes wait for the
+    /// socket (`end_stream`: the frame that empties it ends the stream);
+    /// the bytes written.
     pub(crate) fn send_data(
         &mut self,
         id: u32,
         queue: &mut SendQueue,
         stream_window: &mut i64,
         end_stream: bool,
+        max_out: usize,
     ) -> usize {
         let mut sent = 0;
         while let Some(front) = queue.chunks.front_mut() {
+            let room = max_out.saturating_sub(self.out.len());
             let n = (front.len() as i64)
                 .min(self.send_window)
                 .min(*stream_window)
-                .min(self.peer_max_frame as i64);
+                .min(self.peer_max_frame as i64)
+                .min(room.min(i64::MAX as usize) as i64);
             if n <= 0 {
                 break;
             }

@@ -62,6 +62,12 @@ pub struct Limits {
     /// peer's windows; past it [`crate::server::Conn::is_backlogged`] says
     /// so and new work should be refused (a client that does not read).
     pub connection_send_buffer: usize,
+    /// Bytes queued for the socket beyond which response data stays in its
+    /// streams' buffers (and the driver stops reading: a client that sends
+    /// but does not read, e.g. a PING flood, is not read further). Without
+    /// it, a client granting a 2 GiB window and not reading would have the
+    /// whole of every response queued for the socket.
+    pub write_buffer: usize,
     /// A stream with bytes waiting for the peer's window that sends none
     /// for this long is reset (CANCEL) and what it held dropped (a slow or
     /// zero-window reader; linkerd2-proxy's `stream_idle_timeout`).
@@ -85,6 +91,7 @@ impl Default for Limits {
             control_frame_rate: 100,
             stream_send_buffer: 4 << 20,
             connection_send_buffer: 16 << 20,
+            write_buffer: 1 << 20,
             send_timeout: Duration::from_secs(30),
             goaway_ping_timeout: Duration::from_secs(1),
         }

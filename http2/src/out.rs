@@ -14,6 +14,8 @@ const COPY_BELOW: usize = 1024;
 #[derive(Debug, Default)]
 pub struct Out {
     chunks: VecDeque<Bytes>,
+    /// Bytes in `chunks`.
+    chunked: usize,
     tail: BytesMut,
 }
 
@@ -24,7 +26,7 @@ impl Out {
 
     /// Bytes waiting.
     pub fn len(&self) -> usize {
-        self.chunks.iter().map(Bytes::len).sum::<usize>() + self.tail.len()
+        self.chunked + self.tail.len()
     }
 
     /// The buffer frames are written into.
@@ -39,8 +41,10 @@ impl Out {
             self.tail.extend_from_slice(&data);
         } else {
             if !self.tail.is_empty() {
+                self.chunked += self.tail.len();
                 self.chunks.push_back(self.tail.split().freeze());
             }
+            self.chunked += data.len();
             self.chunks.push_back(data);
         }
     }
@@ -67,10 +71,12 @@ impl Out {
             match self.chunks.front_mut() {
                 Some(c) if c.len() <= n => {
                     n -= c.len();
+                    self.chunked -= c.len();
                     self.chunks.pop_front();
                 }
                 Some(c) => {
                     c.advance(n);
+                    self.chunked -= n;
                     return;
                 }
                 None => {

@@ -33,9 +33,6 @@ use crate::conn::ConnInfo;
 use crate::grpc::MODEL_INFER_PATH;
 use crate::trailer::FrontBody;
 
-/// Unwritten bytes beyond which a connection stops reading from its
-/// client (a client that sends but does not read, e.g. a PING flood).
-const OUT_HIGH: usize = 1 << 20;
 /// Bytes read from a socket at a time (at least).
 const READ_CHUNK: usize = 32 << 10;
 /// How long a connection that ended reads and drops what its client still
@@ -59,19 +56,36 @@ struct Inner {
 }
 
 impl Shared {
-    /// Runs `f` on the connection; wakes whoever it says, and the driver
-    /// if output was queued while it is not polling.
+    /// Runs `f` on the connection for a request or a body; wakes whoever
+    /// it says, and the driver if `f` queued output while the driver is
+    /// not polling (it writes what is queued before it waits).
     fn with<R>(&self, f: impl FnOnce(&mut Conn, &mut Vec<Waker>) -> R) -> R {
         let mut wake = Vec::new();
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.lock();
+        let before = inner.conn.out().len();
         let r = f(&mut inner.conn, &mut wake);
-        let driver = match inner.polling || inner.conn.out().is_empty() {
+        let driver = match inner.polling || inner.conn.out().len() <= before {
             true => None,
             false => inner.driver.take(),
         };
         drop(inner);
         wake.into_iter().chain(driver).for_each(Waker::wake);
         r
+    }
+
+    /// Runs `f` on the connection for its driver: wakes whoever it says,
+    /// never the driver itself. (Waking itself whenever output was waiting
+    /// made a driver whose client did not read spin: every pass woke the
+    /// next.)
+    fn drive<R>(&self, f: impl FnOnce(&mut Conn, &mut Vec<Waker>) -> R) -> R {
+        let mut wake = Vec::new();
+        let r = f(&mut self.lock().conn, &mut wake);
+        wake.into_iter().for_each(Waker::wake);
+        r
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -193,7 +207,7 @@ where
         let now = tokio::time::Instant::now();
         let graceful = !self.closing && self.graceful.as_mut().poll(cx).is_ready();
         self.closing |= graceful;
-        self.shared.with(|c, _| {
+        self.shared.drive(|c, _| {
             c.set_time(now.into_std());
             if graceful {
                 c.go_away();
@@ -202,7 +216,8 @@ where
         loop {
             let mut progress = false;
             // Read, unless the client is not reading what it gets.
-            let reading = self.shared.with(|c, _| c.out().len() < OUT_HIGH);
+            let write_buffer = self.limits.http2.write_buffer;
+            let reading = self.shared.drive(|c, _| c.out().len() < write_buffer);
             if reading {
                 if self.read.capacity() - self.read.len() < READ_CHUNK / 2 {
                     self.read.reserve(READ_CHUNK);
@@ -221,18 +236,15 @@ where
                 }
             }
             // Run the requests, then write what is queued.
-            self.shared
-                .inner
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .polling = true;
+            self.shared.lock().polling = true;
             // Requests that write to a worker in this pass leave together.
             crate::upstream::corked(|| {
                 while let Poll::Ready(Some(())) = self.requests.poll_next_unpin(cx) {}
             });
-            let mut inner = self.shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let mut inner = self.shared.lock();
             inner.polling = false;
             let conn = &mut inner.conn;
+            let mut wake = Vec::new();
             while !conn.out().is_empty() {
                 let mut slices = [IoSlice::new(&[]); 16];
                 let n = conn.out().slices(&mut slices);
@@ -243,6 +255,8 @@ where
                     Poll::Ready(Ok(n)) => {
                         conn.out().advance(n);
                         self.unflushed = true;
+                        // Data that waited for room in the write buffer.
+                        conn.on_written(&mut wake);
                     }
                     Poll::Ready(Err(e)) => {
                         tracing::debug!(conn = self.info.id, error = %e, "write failed");
@@ -284,7 +298,6 @@ where
             let idle = conn.open_streams() == 0;
             let due = conn.next_timeout();
             if due.is_some_and(|due| due <= now.into_std()) {
-                let mut wake = Vec::new();
                 conn.on_timeout(now.into_std(), &mut wake);
                 drop(inner);
                 wake.into_iter().for_each(Waker::wake);
@@ -296,8 +309,11 @@ where
                     _ => Some(cx.waker().clone()),
                 };
                 drop(inner);
+                wake.into_iter().for_each(Waker::wake);
                 return self.poll_timers(cx, now, settled, idle, due);
             }
+            drop(inner);
+            wake.into_iter().for_each(Waker::wake);
         }
     }
 
@@ -305,7 +321,7 @@ where
     fn on_read(&mut self, now: tokio::time::Instant) {
         let mut accepted = Vec::new();
         let read = &mut self.read;
-        self.shared.with(|c, wake| {
+        self.shared.drive(|c, wake| {
             c.on_read(read, now.into_std(), wake);
             while let Some(req) = c.accept() {
                 accepted.push(req);
@@ -344,7 +360,7 @@ where
             if idle && !self.closing && idle_at <= now {
                 tracing::debug!(conn = self.info.id, idle = ?self.limits.idle_timeout, "closing an idle connection");
                 self.closing = true;
-                self.shared.with(|c, _| c.go_away());
+                self.shared.drive(|c, _| c.go_away());
                 cx.waker().wake_by_ref();
             } else {
                 // Not idle: look again a timeout after now (a connection
@@ -363,7 +379,7 @@ where
             if self.ping_out {
                 return Poll::Ready(End::Close("the client did not answer a ping"));
             }
-            self.ping_out = self.shared.with(|c, _| c.ping());
+            self.ping_out = self.shared.drive(|c, _| c.ping());
             self.keepalive
                 .as_mut()
                 .reset(now + self.limits.keepalive_timeout);
@@ -407,7 +423,7 @@ where
 impl<T, R> Drop for Driver<T, R> {
     fn drop(&mut self) {
         // Bodies read elsewhere (streams) see the connection gone.
-        self.shared.with(|c, wake| c.close_all(wake));
+        self.shared.drive(|c, wake| c.close_all(wake));
     }
 }
 

@@ -239,3 +239,101 @@ async fn a_graceful_shutdown_lets_the_request_in_flight_finish() {
     assert_eq!(&body.data().await.unwrap().unwrap()[..], b"part-end");
     served.await.unwrap();
 }
+
+pin_project_lite::pin_project! {
+    /// The agent's end of a pipe, counting the writes it tries.
+    struct CountWrites {
+        #[pin]
+        io: tokio::io::DuplexStream,
+        writes: Arc<AtomicUsize>,
+    }
+}
+
+impl tokio::io::AsyncRead for CountWrites {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().io.poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for CountWrites {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.project();
+        this.writes.fetch_add(1, Ordering::SeqCst);
+        this.io.poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().io.poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.project().io.poll_shutdown(cx)
+    }
+}
+
+/// A client that floods PINGs and reads nothing: once the pipe and the
+/// write buffer are full the driver waits for the socket. It used to wake
+/// itself on every pass while output was waiting (a core per such client,
+/// for as long as the connection lived): here it would try a write each
+/// time the test yields.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_does_not_read_does_not_make_the_driver_spin() {
+    use tokio::io::AsyncWriteExt;
+    let (agent, mut client) = tokio::io::duplex(64 << 10);
+    let writes = Arc::new(AtomicUsize::new(0));
+    let io = CountWrites {
+        io: agent,
+        writes: Arc::clone(&writes),
+    };
+    let router = Arc::new(Echo::default());
+    let limits = ServerLimits {
+        http2: Limits {
+            control_frame_burst: u32::MAX,
+            ..limits().http2
+        },
+        ..limits()
+    };
+    let served = tokio::spawn(serve_connection(
+        io,
+        ConnInfo::new(1, None),
+        router,
+        limits,
+        shutdown(),
+    ));
+    let mut flood = BytesMut::from(infermesh_http2::frame::PREFACE);
+    infermesh_http2::frame::put_settings(&mut flood, &[]);
+    for _ in 0..100_000 {
+        infermesh_http2::frame::put_head(&mut flood, 8, infermesh_http2::kind::PING, 0, 0);
+        flood.extend_from_slice(b"pingpong");
+    }
+    // Written until the agent stops reading (its write buffer is full);
+    // the writer then waits for good.
+    tokio::spawn(async move { client.write_all(&flood).await });
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+    let before = writes.load(Ordering::SeqCst);
+    for _ in 0..10_000 {
+        tokio::task::yield_now().await;
+    }
+    let tried = writes.load(Ordering::SeqCst) - before;
+    assert!(
+        tried < 10,
+        "the driver tried {tried} writes while nothing changed"
+    );
+    assert!(!served.is_finished());
+}

@@ -961,11 +961,23 @@ impl Conn {
         self.reap(id);
     }
 
-    /// Writes response data the windows allow, oldest stream first; a
-    /// stream whose own window is shut does not hold up the others.
+    /// Bytes left the socket: response data that waited for room in the
+    /// write buffer ([`Limits::write_buffer`]) may follow.
+    pub fn on_written(&mut self, wake: &mut Vec<Waker>) {
+        if !self.sending.is_empty() && self.core.out.len() < self.settings.limits.write_buffer {
+            self.send_pending(wake);
+        }
+    }
+
+    /// Writes response data the windows and the write buffer allow,
+    /// oldest stream first; a stream whose own window is shut does not
+    /// hold up the others.
     fn send_pending(&mut self, wake: &mut Vec<Waker>) {
         let mut waiting = self.sending.len();
-        while waiting > 0 && self.core.send_window > 0 {
+        while waiting > 0
+            && self.core.send_window > 0
+            && self.core.out.len() < self.settings.limits.write_buffer
+        {
             waiting -= 1;
             let Some(id) = self.sending.pop_front() else {
                 return;
@@ -976,9 +988,13 @@ impl Conn {
             if stream.queue.is_empty() {
                 continue;
             }
-            let sent = self
-                .core
-                .send_data(id, &mut stream.queue, &mut stream.send_window, false);
+            let sent = self.core.send_data(
+                id,
+                &mut stream.queue,
+                &mut stream.send_window,
+                false,
+                self.settings.limits.write_buffer,
+            );
             self.queued -= sent;
             if stream.queue.len() < self.settings.limits.stream_send_buffer {
                 wake.extend(stream.writer.take());

@@ -29,6 +29,7 @@ const SETTINGS: Settings = Settings {
         control_frame_rate: 100,
         stream_send_buffer: 4 << 20,
         connection_send_buffer: 16 << 20,
+        write_buffer: 1 << 20,
         send_timeout: Duration::from_secs(30),
         goaway_ping_timeout: Duration::from_secs(1),
     },
