@@ -39,6 +39,12 @@ const READ_CHUNK: usize = 32 << 10;
 /// sends, and how much of it, before closing (lingering close).
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 1 << 20;
+/// Requests of one connection that run inside its driver's task; more at
+/// once run as tasks of their own, so that a connection with many streams
+/// (a gateway multiplexing its callers) can use more than one core. Below
+/// it a request costs no wake-up between tasks (the common case, and the
+/// reason requests run inline at all).
+const INLINE_REQUESTS: usize = 32;
 
 /// A connection's state, shared by its driver and its requests (which run
 /// inside the driver's task, and whose bodies may be read elsewhere).
@@ -338,7 +344,14 @@ where
                 id,
                 inner: handle(Arc::clone(&self.router), Arc::clone(&self.shared), id, req),
             };
-            self.requests.push(Box::pin(call));
+            if self.requests.len() < INLINE_REQUESTS {
+                self.requests.push(Box::pin(call));
+            } else {
+                // Its stream keeps the connection open until it finishes
+                // (the driver waits for every stream), and a connection
+                // that ends resets it: it does not outlive the connection.
+                tokio::spawn(call);
+            }
         }
     }
 

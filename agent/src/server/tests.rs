@@ -5,6 +5,7 @@ use super::*;
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
 use tokio::sync::Notify;
 
@@ -14,6 +15,10 @@ use tokio::sync::Notify;
 struct Echo {
     dropped: Arc<AtomicUsize>,
     drop_seen: Arc<Notify>,
+    /// `/hold` requests: the task each ran in, and when to answer them.
+    held: Arc<Mutex<Vec<tokio::task::Id>>>,
+    held_seen: Arc<Notify>,
+    release: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 struct OnDrop(Arc<AtomicUsize>, Arc<Notify>);
@@ -29,9 +34,21 @@ impl Router for Echo {
     fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send {
         let guard = (req.uri().path() == "/hang")
             .then(|| OnDrop(Arc::clone(&self.dropped), Arc::clone(&self.drop_seen)));
+        let hold = (req.uri().path() == "/hold").then(|| {
+            (
+                Arc::clone(&self.held),
+                Arc::clone(&self.held_seen),
+                Arc::clone(&self.release),
+            )
+        });
         async move {
             if let Some(_guard) = guard {
                 std::future::pending::<()>().await;
+            }
+            if let Some((held, seen, release)) = hold {
+                held.lock().unwrap().push(tokio::task::id());
+                seen.notify_one();
+                let _ = release.subscribe().wait_for(|go| *go).await;
             }
             let mut body = req.into_body();
             let mut data = BytesMut::new();
@@ -336,4 +353,35 @@ async fn a_client_that_does_not_read_does_not_make_the_driver_spin() {
         "the driver tried {tried} writes while nothing changed"
     );
     assert!(!served.is_finished());
+}
+
+/// Requests of one connection beyond `INLINE_REQUESTS` in flight run as
+/// tasks of their own (another core can take them); the first ones run in
+/// the connection's task. Every one is answered.
+#[tokio::test(start_paused = true)]
+async fn many_streams_of_one_connection_are_not_all_run_by_its_task() {
+    let echo = Arc::new(Echo::default());
+    let (io, _served) = serve(limits(), Arc::clone(&echo), shutdown());
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let n = 40;
+    let mut answers = Vec::new();
+    for _ in 0..n {
+        let mut ready = client.clone().ready().await.unwrap();
+        let (resp, _) = ready.send_request(request("/hold"), true).unwrap();
+        answers.push(resp);
+    }
+    while echo.held.lock().unwrap().len() < n {
+        echo.held_seen.notified().await;
+    }
+    let tasks: std::collections::HashSet<_> = echo.held.lock().unwrap().iter().copied().collect();
+    assert_eq!(
+        tasks.len(),
+        1 + (n - 32),
+        "32 inline, the rest one task each"
+    );
+    echo.release.send_replace(true);
+    for resp in answers {
+        assert_eq!(resp.await.unwrap().status(), 200);
+    }
 }
