@@ -1,0 +1,304 @@
+//! Issue 24's attacks on the agent's HTTP/2 server, one test each, against
+//! a real agent and test worker, with a good client (the client library,
+//! two callers, its own connection) alongside: what the server must do
+//! (close the connection with GOAWAY ENHANCE_YOUR_CALM within a bounded
+//! number of streams or frames, free worker slots, leak no stream, idle
+//! while a client does not read) and that the good client sees no error.
+//!
+//! The attacks are `infermesh_tests::h2attack`'s, shared with
+//! `scripts/h2-attacks.sh` (which measures the same attacks for
+//! docs/HARDENING.md). The tests bound work by counts, not time; the one
+//! exception, `clients_that_do_not_read_cost_no_cpu`, bounds CPU seconds
+//! an order of magnitude above idle and below the busy loop it catches.
+//!
+//! Each is ignored until the fix it needs lands (the reason names it);
+//! every one failed against the server of the day the tests were written.
+
+use std::time::Duration;
+
+use infermesh_client::Client;
+use infermesh_tests::h2attack::{self, Attack, Budget, Report, Server, Wire, process};
+use infermesh_tests::h2spec::frame::{code, code_name};
+use infermesh_tests::{Agent, Load, PATIENCE, dense, eventually, testworker};
+
+/// Streams an attack may open before the agent must have ended the
+/// connection (h2 and nghttp2 close rapid-reset connections after about
+/// 1,000 to 2,000 streams).
+const MAX_STREAMS: u64 = 20_000;
+/// Frames a flood may send before the agent must have ended the
+/// connection.
+const MAX_FRAMES: u64 = 1_000_000;
+/// Worker slots of the test agent's one worker.
+const SLOTS: usize = 8;
+
+fn budget() -> Budget {
+    Budget {
+        duration: PATIENCE,
+        max_streams: MAX_STREAMS,
+        max_frames: MAX_FRAMES,
+    }
+}
+
+/// An agent with one test worker serving `dense` and `identity` in
+/// [`SLOTS`] slots, no drain delay and a 10 s shutdown grace.
+async fn agent() -> Agent {
+    Agent::builder()
+        .config(format!(
+            "node_id = \"attacked\"\ndrain_delay = \"0s\"\nshutdown_grace = \"10s\"\n\
+             [[workers]]\ncommand = \"{}\"\nmax_inflight = {SLOTS}\n",
+            testworker("--model dense --model identity")
+        ))
+        .start()
+        .await
+}
+
+/// A well-behaved client on its own connection: two callers, one-row
+/// requests, checked answers.
+async fn good_client(agent: &Agent) -> Load {
+    let client = Client::builder()
+        .registry(format!("static://{}", agent.oip))
+        .build()
+        .await
+        .unwrap();
+    let load = Load::start(&client, 2, 1, |x| dense::request(x, true));
+    eventually("the good client is served", || async {
+        (load.sent() >= 10).then_some(())
+    })
+    .await;
+    load
+}
+
+/// Runs `attack` within [`budget`] on a thread of its own.
+async fn attack(agent: &Agent, attack: Attack) -> Report {
+    let addr = agent.oip;
+    let report =
+        tokio::task::spawn_blocking(move || h2attack::run(attack, addr, Server::Agent, budget()))
+            .await
+            .unwrap();
+    println!("{}", report.json());
+    report
+}
+
+/// Asserts the agent sent GOAWAY ENHANCE_YOUR_CALM before the attack's
+/// budget ran out.
+fn cut_off_calmly(report: &Report) {
+    let got = report.goaway.map(|g| code_name(g.code));
+    assert!(
+        report.goaway_with(code::ENHANCE_YOUR_CALM),
+        "{}: expected GOAWAY ENHANCE_YOUR_CALM within {MAX_STREAMS} streams / {MAX_FRAMES} frames; \
+         got GOAWAY {got:?}, closed {:?}, after {} streams, {} frames",
+        report.attack,
+        report.closed,
+        report.streams,
+        report.frames
+    );
+}
+
+/// Asserts the agent ended the connection (GOAWAY of any code, or a close)
+/// before the flood's budget ran out.
+fn cut_off(report: &Report) {
+    assert!(
+        report.goaway.is_some() || report.closed.is_some(),
+        "{}: the connection was still open after {} frames ({:.1} s of writes blocked)",
+        report.attack,
+        report.frames,
+        report.blocked.as_secs_f64()
+    );
+}
+
+async fn no_errors(load: Load) {
+    let failed = load.stop().await;
+    assert_eq!(
+        failed, 0,
+        "the good client's requests failed during the attack"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: streams reset before their handler runs leak (pending-accept reset budget)"]
+async fn reset_before_the_handler_runs_leaks_no_stream() {
+    let mut agent = agent().await;
+    let load = good_client(&agent).await;
+    let addr = agent.oip;
+    let (report, follow_up) = tokio::task::spawn_blocking(move || {
+        let attack = Attack::ResetBeforeHandler;
+        let mut wire = Wire::connect(addr, &attack.options()).unwrap();
+        let note = attack.drive(&mut wire, Server::Agent, budget());
+        // One more request on the same connection, after the pairs.
+        let call = Server::Agent.request(&wire.authority.clone());
+        let answer = h2attack::exchange(&mut wire, &call, PATIENCE);
+        (h2attack::report(attack, &mut wire, note), answer)
+    })
+    .await
+    .unwrap();
+    println!("{}", report.json());
+    let served = follow_up
+        .as_ref()
+        .is_some_and(|a| a.field("grpc-status") == Some("0"));
+    assert!(
+        served || report.goaway_with(code::ENHANCE_YOUR_CALM),
+        "after 300 HEADERS+RST_STREAM pairs a request on the same connection got {:?} \
+         (and no GOAWAY ENHANCE_YOUR_CALM: {:?})",
+        follow_up.as_ref().map(h2attack::describe),
+        report.goaway
+    );
+    eventually("no request left in flight", || async {
+        (agent.status().await.in_flight == 0).then_some(())
+    })
+    .await;
+    no_errors(load).await;
+
+    let status = tokio::task::spawn_blocking(move || {
+        let status = agent.terminate();
+        (status, agent)
+    })
+    .await
+    .unwrap();
+    let (status, agent) = status;
+    assert!(status.success(), "agent exits 0 after SIGTERM: {status}");
+    assert!(
+        !agent.log_text().contains("shutdown grace ran out"),
+        "the agent waited out its grace for streams nobody was serving"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: the worker's permit is held until the client reads the answer (per-stream send bound, stream idle timeout)"]
+async fn zero_window_readers_do_not_pin_worker_slots() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    let addr = agent.oip;
+    let attack = Attack::ZeroWindow;
+    let (wire, _note) = tokio::task::spawn_blocking(move || {
+        let mut wire = Wire::connect(addr, &attack.options()).unwrap();
+        let note = attack.drive(&mut wire, Server::Agent, budget());
+        (wire, note)
+    })
+    .await
+    .unwrap();
+    // The attacker holds its streams; the worker has answered them all.
+    eventually(
+        "the worker's slots free while the attacker holds",
+        || async {
+            let status = agent.status().await;
+            (status.workers[0].in_flight == 0).then_some(())
+        },
+    )
+    .await;
+    let before = load.sent();
+    eventually("the good client keeps being served", || async {
+        (load.sent() >= before + 50).then_some(())
+    })
+    .await;
+    assert!(
+        !wire.seen(|s| s.over()),
+        "the attacker's connection was closed (the test needs it held)"
+    );
+    drop(wire);
+    no_errors(load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: rapid reset is not cut off (locally and remotely reset stream budgets)"]
+async fn rapid_reset_is_cut_off() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    let report = attack(&agent, Attack::RapidReset).await;
+    cut_off_calmly(&report);
+    no_errors(load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: requests the agent answers itself refill the reset budget"]
+async fn rapid_reset_interleaved_with_requests_the_agent_answers_is_cut_off() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    for a in [Attack::RapidResetInterleaved, Attack::RapidResetOversized] {
+        let report = attack(&agent, a).await;
+        cut_off_calmly(&report);
+    }
+    no_errors(load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: resets the agent sends have no budget (MadeYouReset, CVE-2025-8671)"]
+async fn made_you_reset_is_cut_off() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    for a in [Attack::MadeYouResetWindow, Attack::MadeYouResetData] {
+        let report = attack(&agent, a).await;
+        cut_off_calmly(&report);
+    }
+    no_errors(load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: empty CONTINUATION frames have no budget (CVE-2024-27316)"]
+async fn continuation_floods_are_cut_off() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    for a in [Attack::ContinuationEmpty, Attack::ContinuationFields] {
+        let report = attack(&agent, a).await;
+        cut_off(&report);
+    }
+    no_errors(load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: SETTINGS and PING floods from a client that does not read have no budget"]
+async fn settings_and_ping_floods_from_a_client_that_does_not_read_are_cut_off() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    for a in [Attack::SettingsFlood, Attack::PingFlood] {
+        let report = attack(&agent, a).await;
+        cut_off(&report);
+    }
+    no_errors(load).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: empty DATA frames have no budget"]
+async fn empty_data_floods_are_cut_off() {
+    let agent = agent().await;
+    let load = good_client(&agent).await;
+    let report = attack(&agent, Attack::EmptyDataFlood).await;
+    cut_off(&report);
+    no_errors(load).await;
+}
+
+/// CPU a stalled connection may cost the agent in [`WINDOW`]: a tenth of a
+/// core (the issue's target), several times what an idle debug-build agent
+/// spends and a fraction of the busy loop this catches (1.5 cores in the
+/// issue's release build; 0.45 of a loaded 2-core machine in a debug build).
+const STALLED_CPU: Duration = Duration::from_millis(500);
+const WINDOW: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "issue 24: a socket that is not writable makes the connection task spin"]
+async fn clients_that_do_not_read_cost_no_cpu() {
+    let agent = agent().await;
+    let pid = agent.pid();
+    for a in [Attack::UnreadAnswer, Attack::PingBurst] {
+        let addr = agent.oip;
+        let wire = tokio::task::spawn_blocking(move || {
+            let mut wire = Wire::connect(addr, &a.options()).unwrap();
+            let note = a.drive(&mut wire, Server::Agent, budget());
+            println!("{}: {note}", a.name());
+            wire
+        })
+        .await
+        .unwrap();
+        // The agent has written what the socket takes; now it waits.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = process::cpu_time(pid).unwrap();
+        tokio::time::sleep(WINDOW).await;
+        let spent = process::cpu_time(pid).unwrap() - before;
+        println!("{}: agent CPU {spent:?} in {WINDOW:?}", a.name());
+        assert!(
+            spent < STALLED_CPU,
+            "{}: the agent spent {spent:?} of CPU in {WINDOW:?} on a client that does not read",
+            a.name()
+        );
+        drop(wire);
+    }
+}
