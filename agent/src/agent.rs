@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
 
+use crate::accept::BoundedListener;
 use crate::admin::{self, AdminState};
 use crate::config::{self, AgentConfig, limits};
 use crate::conn::OnClose;
@@ -451,9 +452,11 @@ impl Agent {
             }
         };
         let fd_limit = raise_fd_limit();
+        // Client connections come in on the OIP port and KServe HTTP.
+        let tcp_ports = 1 + usize::from(http_listener.is_some());
         let l = &cfg.limits;
         let server_limits = ServerLimits {
-            max_connections: l.connections_within(fd_limit),
+            max_connections: l.connections_within(fd_limit, tcp_ports),
             // Windows, header lists and the limits against hostile clients
             // are the HTTP/2 crate's documented defaults (http2/README.md).
             http2: infermesh_http2::Limits {
@@ -535,23 +538,18 @@ impl Agent {
                 cfg.max_message_bytes,
                 cfg.limits.call_timeout,
             );
-            let what = "KServe HTTP";
-            match &tls {
-                None => serve_http(listener, app, what, &stop_background, &background),
-                Some(t) => serve_http(
-                    crate::tls::TlsListener::new(
-                        listener,
-                        t.http.clone(),
-                        cfg.limits.handshake_timeout,
-                        stop_background.clone(),
-                        background.clone(),
-                    ),
-                    app,
-                    what,
-                    &stop_background,
-                    &background,
-                ),
-            }
+            // Bounded as the OIP port is, with the same `[limits]`.
+            background.spawn(crate::http::port::serve(
+                BoundedListener::new(listener, server_limits.max_connections, "KServe HTTP"),
+                tls.as_ref().map(|t| t.http.clone()),
+                app,
+                crate::http::port::PortLimits {
+                    handshake_timeout: l.handshake_timeout,
+                    idle_timeout: l.idle_timeout,
+                },
+                stop_background.clone(),
+                background.clone(),
+            ));
         }
         tracing::info!(node = %cfg.node_id, %listen, %admin_listen, http_listen = ?http_listen, quic_listen = ?quic_listen, tls = tls.is_some(), workers = cfg.workers.len(), "agent serving");
         Ok(Agent {

@@ -33,6 +33,8 @@ use tonic::Code;
 
 use crate::front::Front;
 
+pub mod port;
+
 /// The binary tensor extension's header: length of the JSON part.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 

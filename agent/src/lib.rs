@@ -28,7 +28,8 @@
 //!    [`output`] (starting processes, reading their output), [`health`] (check rounds), [`gpu`] (Xid events →
 //!    the worker that caused them; per-worker GPU use), [`procfs`] (which
 //!    worker a pid belongs to), [`registry`] (the node's record).
-//! 6. **servers** — [`server`] (the OIP port: accept loop, the agent's own
+//! 6. **servers** — [`accept`] (the accept loop of the client ports: connection
+//!    limit, backoff), [`server`] (the OIP port: the agent's own
 //!    HTTP/2 server — its protocol state is the `infermesh-http2` crate — limits, routing),
 //!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
 //!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
@@ -41,6 +42,7 @@
 //! parent-death signal between `fork` and `exec`.
 #![deny(unsafe_code)]
 
+pub mod accept;
 pub mod admin;
 pub mod agent;
 pub mod busy;

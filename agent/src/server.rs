@@ -35,10 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response};
-use infermesh_backoff::{Backoff, BackoffPolicy};
 use infermesh_http2::Limits;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -46,6 +45,7 @@ use tonic::Status;
 use tonic::service::Routes;
 use tower::ServiceExt;
 
+use crate::accept::{Admitted, BoundedListener};
 use crate::conn::{ConnInfo, FirstByteDeadline, OnClose};
 use crate::forward::InferPath;
 use crate::grpc::{MODEL_INFER_PATH, status_response};
@@ -118,47 +118,14 @@ pub async fn serve(
     shutdown: Shutdown,
     tasks: TaskTracker,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let mut listener = BoundedListener::new(listener, limits.max_connections, "OIP gRPC");
     let ids = AtomicU64::new(1);
-    let mut backoff = Backoff::new(BackoffPolicy::new(
-        Duration::from_millis(5),
-        Duration::from_secs(1),
-    ));
-    let mut rng = rand_seed();
-    let mut at_limit_logged = false;
-    loop {
-        if permits.available_permits() == 0 && !at_limit_logged {
-            tracing::warn!(
-                max_connections = limits.max_connections,
-                "connection limit reached: not accepting until a connection closes"
-            );
-            at_limit_logged = true;
-        }
-        let permit = tokio::select! {
-            p = Arc::clone(&permits).acquire_owned() => p.expect("never closed"),
-            _ = shutdown.graceful.cancelled() => return,
-        };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.graceful.cancelled() => return,
-        };
-        let (tcp, remote) = match accepted {
-            Ok(a) => {
-                backoff.reset();
-                a
-            }
-            Err(e) => {
-                // EMFILE, ENFILE, ENOBUFS...: the process or the host is out
-                // of something; retrying at once would spin.
-                let wait = backoff.next_delay(&mut rng);
-                tracing::warn!(error = %e, retry_in = ?wait, "cannot accept a connection");
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => continue,
-                    _ = shutdown.graceful.cancelled() => return,
-                }
-            }
-        };
-        at_limit_logged = false;
+    while let Some(Admitted {
+        tcp,
+        remote,
+        permit,
+    }) = listener.accept(&shutdown.graceful).await
+    {
         let info = ConnInfo::new(ids.fetch_add(1, Ordering::Relaxed), Some(remote));
         let conn = connection(
             tcp,
@@ -172,15 +139,6 @@ pub async fn serve(
         );
         tasks.spawn(conn);
     }
-}
-
-/// Jitter for the accept backoff; not security-relevant.
-fn rand_seed() -> rand::rngs::SmallRng {
-    use rand::SeedableRng;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    rand::rngs::SmallRng::seed_from_u64(nanos)
 }
 
 #[allow(clippy::too_many_arguments)]

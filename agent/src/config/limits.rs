@@ -1,13 +1,14 @@
-//! `[limits]`: what one client can take of the OIP port (issue: nothing a
-//! client sends is unbounded). Every default is here, once; the README and
+//! `[limits]`: what one client can take of the OIP port and, for connections
+//! and their timeouts, of the KServe HTTP port (issue: nothing a client sends
+//! is unbounded). Every default is here, once; the README and
 //! `configs/agent.toml` name them and a test checks they agree.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-/// Connections the OIP port holds at once (lowered at start to fit the
-/// file-descriptor limit, see [`FD_HEADROOM`]).
+/// Connections each client port (OIP gRPC, KServe HTTP) holds at once
+/// (lowered at start to fit the file-descriptor limit, see [`FD_HEADROOM`]).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// File descriptors kept free of client connections: worker processes and
 /// their pipes, worker restarts, the admin port, ZooKeeper, shared memory.
@@ -35,7 +36,7 @@ pub const SMALL_MESSAGE_BYTES: usize = 4 << 20;
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
-    /// Connections the OIP port holds at once.
+    /// Connections each client port (OIP gRPC, KServe HTTP) holds at once.
     pub max_connections: Option<usize>,
     /// HTTP/2 streams per connection.
     pub max_concurrent_streams: Option<u32>,
@@ -138,11 +139,11 @@ impl Limits {
         limits
     }
 
-    /// `max_connections`, lowered to leave [`FD_HEADROOM`] descriptors of
-    /// `fd_limit` free.
-    pub fn connections_within(&self, fd_limit: u64) -> usize {
-        let room = (fd_limit as usize).saturating_sub(FD_HEADROOM).max(16);
-        self.max_connections.min(room)
+    /// `max_connections` per port, lowered so that `ports` full ports
+    /// leave [`FD_HEADROOM`] descriptors of `fd_limit` free.
+    pub fn connections_within(&self, fd_limit: u64, ports: usize) -> usize {
+        let room = (fd_limit as usize).saturating_sub(FD_HEADROOM) / ports.max(1);
+        self.max_connections.min(room.max(16))
     }
 }
 
@@ -170,8 +171,9 @@ mod tests {
     #[test]
     fn connections_leave_headroom_below_the_fd_limit() {
         let l = Limits::default();
-        assert_eq!(l.connections_within(1 << 20), DEFAULT_MAX_CONNECTIONS);
-        assert_eq!(l.connections_within(4096), 4096 - FD_HEADROOM);
-        assert_eq!(l.connections_within(100), 16);
+        assert_eq!(l.connections_within(1 << 20, 2), DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(l.connections_within(4096, 1), 4096 - FD_HEADROOM);
+        assert_eq!(l.connections_within(4096, 2), (4096 - FD_HEADROOM) / 2);
+        assert_eq!(l.connections_within(100, 1), 16);
     }
 }
