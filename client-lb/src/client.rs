@@ -45,6 +45,7 @@ use crate::config::{
 use crate::discovery::{self, Discovery, Membership};
 use crate::paths::{Fallback, PathError, PathsConfig, Peer, Transport};
 use crate::retry_budget::RetryBudget;
+use crate::verdict::{Verdict, classify};
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -499,36 +500,14 @@ impl Stack {
                 Status::unavailable(e.to_string())
             }
         };
-        // A status the node sent has no source. tonic reports its own
-        // enforcement of the attempt's gRPC deadline as CANCELLED with
-        // `TimeoutExpired` in the source chain: a timeout like ours. Any other
-        // source is a connection that broke or could not be made (the node
-        // died, or hangs and the connect timed out), reported as UNKNOWN or
-        // CANCELLED: inference requests are safe to run again, so it is
-        // retried like a refused connection.
-        let (timed_out, broken) = match std::error::Error::source(&status) {
-            None => (false, false),
-            Some(source) => (caused_by::<tonic::TimeoutExpired>(source), true),
-        };
-        let (outcome, attempt) = match status.code() {
-            _ if timed_out => (Outcome::TimedOut, Attempt::TimedOut),
-            _ if broken => (Outcome::Failure, Attempt::Retry(connection_failed(&status))),
-            // Down, unreachable or restarting its worker: retry elsewhere.
-            Code::Unavailable => (Outcome::Failure, Attempt::Retry(status)),
-            // Full: retry elsewhere, but it is healthy.
-            Code::ResourceExhausted => (Outcome::Neutral, Attempt::Retry(status)),
-            // The node does not have the model: says nothing about its health.
-            Code::NotFound => (Outcome::Neutral, Attempt::ModelMissing(status)),
-            // The node gave up on the attempt's deadline: a timeout.
-            Code::DeadlineExceeded => (Outcome::TimedOut, Attempt::TimedOut),
-            Code::Internal | Code::Unknown | Code::Cancelled => {
-                (Outcome::Failure, Attempt::Fatal(status))
-            }
-            // The caller's mistake: says nothing about the node.
-            _ => (Outcome::Neutral, Attempt::Fatal(status)),
-        };
+        let (outcome, verdict) = classify(status);
         guard.finish(outcome, None);
-        attempt
+        match verdict {
+            Verdict::Retry(s) => Attempt::Retry(s),
+            Verdict::ModelMissing(s) => Attempt::ModelMissing(s),
+            Verdict::TimedOut => Attempt::TimedOut,
+            Verdict::Fatal(s) => Attempt::Fatal(s),
+        }
     }
 
     fn no_node(&self, e: PickError, model: Option<&str>) -> ClientError {
@@ -552,36 +531,6 @@ impl Stack {
             }
         }
     }
-}
-
-/// A connection that broke or could not be made, as gRPC's own clients
-/// report it: UNAVAILABLE, the message naming the cause. tonic reports it as
-/// UNKNOWN "transport error" with the cause (a refused TLS handshake, a
-/// reset connection) only in the source chain, which callers in other
-/// languages never see.
-fn connection_failed(status: &Status) -> Status {
-    let mut message = status.message().to_string();
-    for e in chain(std::error::Error::source(status)).take(8) {
-        let text = e.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-    }
-    Status::unavailable(message)
-}
-
-/// Whether `error` or one of its sources is an `E`.
-fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
-    chain(Some(error)).any(|e| e.is::<E>())
-}
-
-/// `first` and its sources, at most 16: error chains are short, and a cycle
-/// must not hang the caller.
-fn chain<'a>(
-    first: Option<&'a (dyn std::error::Error + 'static)>,
-) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
-    std::iter::successors(first, |e| e.source()).take(16)
 }
 
 /// What discovery says about a node, for the balancer.

@@ -46,6 +46,7 @@ pub mod quic_path;
 pub mod rdma_path;
 mod retry_budget;
 pub mod trace;
+mod verdict;
 
 pub use client::{Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;

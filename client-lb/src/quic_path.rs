@@ -18,7 +18,7 @@ use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
 use infermesh_proto::quic::{ALPN, Answer, decode_response, encode_request};
 use infermesh_proto::tls::ClientTls;
 use infermesh_transport::Path;
-use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey};
+use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey, MetadataMap};
 use tonic::{Code, Response, Status};
 
 use crate::paths::{BoxFuture, PathError, Peer, Transport};
@@ -127,24 +127,34 @@ impl QuicRung {
         match answer {
             Answer::Ok(resp) => {
                 let mut resp = Response::new(resp);
-                let md = resp.metadata_mut();
-                for (name, value) in report {
-                    if name.ends_with("-bin") {
-                        if let Ok(key) = MetadataKey::from_bytes(name.as_bytes()) {
-                            md.insert_bin(key, BinaryMetadataValue::from_bytes(&value));
-                        }
-                    } else if let (Ok(key), Ok(v)) = (
-                        MetadataKey::from_bytes(name.as_bytes()),
-                        AsciiMetadataValue::try_from(value.as_ref()),
-                    ) {
-                        md.insert(key, v);
-                    }
-                }
+                put_report(resp.metadata_mut(), report);
                 Ok(resp)
             }
             Answer::Status(code, message) => {
-                Err(PathError::Status(Status::new(Code::from(code), message)))
+                // With the report, as over gRPC: the retry layer tells an
+                // agent's answer from a failed connection by it.
+                let mut status = Status::new(Code::from(code), message);
+                put_report(status.metadata_mut(), report);
+                Err(PathError::Status(status))
             }
+        }
+    }
+}
+
+/// Puts the load report of a QUIC answer into gRPC metadata, where a gRPC
+/// answer has it.
+fn put_report<V: AsRef<[u8]>>(md: &mut MetadataMap, report: impl IntoIterator<Item = (String, V)>) {
+    for (name, value) in report {
+        let value = value.as_ref();
+        if name.ends_with("-bin") {
+            if let Ok(key) = MetadataKey::from_bytes(name.as_bytes()) {
+                md.insert_bin(key, BinaryMetadataValue::from_bytes(value));
+            }
+        } else if let (Ok(key), Ok(v)) = (
+            MetadataKey::from_bytes(name.as_bytes()),
+            AsciiMetadataValue::try_from(value),
+        ) {
+            md.insert(key, v);
         }
     }
 }
@@ -171,5 +181,31 @@ impl Transport for QuicRung {
         if let Some(c) = self.conns.lock().expect("quic lock").remove(node) {
             c.close(0u32.into(), b"node left");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use infermesh_proto::load::{INFLIGHT_KEY, LoadReport};
+    use infermesh_proto::quic::encode_response;
+
+    use super::*;
+
+    /// An agent's error over QUIC keeps its load report, so that the retry
+    /// layer takes it for the agent's answer, as over gRPC.
+    #[test]
+    fn a_status_over_quic_carries_the_agents_report() {
+        let frame = encode_response(
+            &Answer::Status(Code::Internal as i32, "worker failed".into()),
+            &[(INFLIGHT_KEY, b"2")],
+        );
+        let (answer, report) = decode_response(frame, 1 << 20).unwrap();
+        let Answer::Status(code, message) = answer else {
+            panic!("a status")
+        };
+        let mut status = Status::new(Code::from(code), message);
+        put_report(status.metadata_mut(), report);
+        assert!(LoadReport::sent_in(status.metadata()));
+        assert_eq!(status.metadata().get(INFLIGHT_KEY).unwrap(), "2");
     }
 }

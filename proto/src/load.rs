@@ -57,6 +57,21 @@ impl LoadReport {
         }
     }
 
+    /// Whether `map` holds an agent's load report, well-formed or not: the
+    /// response or status came from an infermesh agent (which writes one
+    /// into every answer), not from the connection failing under the call.
+    pub fn sent_in(map: &MetadataMap) -> bool {
+        [
+            INFLIGHT_KEY,
+            QUEUED_KEY,
+            LEGACY_QUEUE_KEY,
+            BUSY_KEY,
+            WEIGHT_KEY,
+        ]
+        .iter()
+        .any(|key| map.contains_key(*key))
+    }
+
     /// Reads a report from gRPC metadata (a client merges trailers into the
     /// response metadata). `None` when the peer sent no report or a malformed
     /// one: a report from the network is never trusted to parse.
@@ -93,6 +108,19 @@ mod tests {
         let mut map = MetadataMap::new();
         report.write_to(&mut map);
         assert_eq!(LoadReport::from_metadata(&map), Some(report));
+    }
+
+    #[test]
+    fn tells_a_report_from_none() {
+        let mut map = MetadataMap::new();
+        assert!(!LoadReport::sent_in(&map));
+        map.insert(
+            "content-type",
+            MetadataValue::from_static("application/grpc"),
+        );
+        assert!(!LoadReport::sent_in(&map));
+        map.insert(LEGACY_QUEUE_KEY, MetadataValue::from_static("junk"));
+        assert!(LoadReport::sent_in(&map));
     }
 
     #[test]
