@@ -238,24 +238,17 @@ impl InferPath {
             .into()
         };
         let exchange = process.upstream.call(meta, frame);
-        let answer = async {
-            match deadline {
-                Some(d) => tokio::time::timeout_at(d.into(), exchange)
-                    .await
-                    .map_err(|_| {
-                        Status::deadline_exceeded("deadline exceeded waiting for the worker")
-                    })?,
-                None => exchange.await,
-            }
-            .map_err(|e| unreachable(&e))
-        };
-        // A stalled or hung worker's callers are answered when the sentinel
-        // gives up on it, not when (if ever) the worker answers.
-        let (exchange, head) = tokio::select! {
-            biased;
-            answer = answer => answer?,
-            () = process.abort.cancelled() => return Err(aborted(lease.worker().id())),
-        };
+        // A stalled or hung worker's calls fail when the sentinel gives up on
+        // it (`Upstream::abort`), not when (if ever) the worker answers.
+        let (exchange, head) = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), exchange)
+                .await
+                .map_err(|_| {
+                    Status::deadline_exceeded("deadline exceeded waiting for the worker")
+                })?,
+            None => exchange.await,
+        }
+        .map_err(|e| unreachable(&e))?;
         drop(trace);
         drop(permit);
         if head.status != 200 {
@@ -393,12 +386,15 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     }
 }
 
+/// Why the requests on a worker the sentinel gave up on are failed.
+pub(crate) const ABORTED: &str = "it stopped answering requests and is being restarted";
+
 /// The answer to a request whose worker the sentinel gave up on (it stopped
 /// answering): UNAVAILABLE, so the caller retries elsewhere at once.
 pub(crate) fn aborted(worker: &str) -> Status {
     AgentError::WorkerUnreachable {
         worker: worker.to_string(),
-        reason: "it stopped answering requests and is being restarted".into(),
+        reason: ABORTED.into(),
     }
     .into()
 }

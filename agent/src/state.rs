@@ -36,7 +36,9 @@ pub struct Process {
     /// The HTTP/2 connection plain `ModelInfer` requests are forwarded on.
     pub upstream: Upstream,
     /// Cancelled when the sentinel gives up on this process's requests
-    /// (it stalled or hung): callers waiting on it are answered at once.
+    /// (it stalled or hung): callers waiting on it through `client` are
+    /// answered at once. (Those on `upstream` are failed by
+    /// [`Upstream::abort`], which costs the hot path nothing.)
     pub abort: CancellationToken,
 }
 

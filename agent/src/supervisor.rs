@@ -332,6 +332,7 @@ impl Supervisor {
             Action::AbortInFlight => {
                 if let Some(process) = &self.snap.process {
                     process.abort.cancel();
+                    process.upstream.abort(crate::forward::ABORTED);
                     let (in_flight, _) = self.ctx.pool.worker_load(self.worker.index);
                     tracing::warn!(worker = %id, pid = process.pid, in_flight, "answering the requests in flight on the stuck worker with UNAVAILABLE");
                     log.push_event("abort_in_flight", format!("{in_flight} request(s)"));

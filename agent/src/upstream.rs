@@ -264,6 +264,26 @@ impl Upstream {
         }
     }
 
+    /// Fails every request in flight on the current connection at once
+    /// with `why` (the sentinel gave up on the worker: it stopped
+    /// answering); a later request makes a new connection.
+    pub fn abort(&self, why: &str) {
+        let current = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(shared) = current {
+            let mut wake = Vec::new();
+            shared
+                .lock()
+                .fail(Failure::Connection(why.to_string()), &mut wake);
+            shared.room.notify_waiters();
+            wake.into_iter().for_each(Waker::wake);
+        }
+    }
+
     fn cached(&self) -> Option<Arc<Shared>> {
         self.inner
             .current
