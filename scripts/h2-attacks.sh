@@ -15,6 +15,8 @@
 #   scripts/h2-attacks.sh                          # all attacks, ~8 min
 #   ATTACK_DURATION=5s ATTACKS="rapid-reset ping-flood" scripts/h2-attacks.sh
 #   SERVERS=agent scripts/h2-attacks.sh            # the agent only
+#   AGENT_BIN=/old/target/release scripts/h2-attacks.sh
+#                                   # infermesh + testworker built elsewhere (a "before" row)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${ATTACK_DURATION:-12s}
@@ -24,6 +26,7 @@ servers=${SERVERS:-agent nghttpd}
 need nghttpd nghttp2-server
 cargo build --release --locked -q -p infermesh -p infermesh-testworker -p infermesh-tests --bin h2-attack
 bin=target/release
+agent_bin=${AGENT_BIN:-$bin}
 attacks=${ATTACKS:-$("$bin/h2-attack" list)}
 scratch
 
@@ -40,8 +43,8 @@ start() {
   p=$(port)
   if [ "$1" = agent ]; then
     a=$(port)
-    "$bin/infermesh" agent --listen "127.0.0.1:$p" --admin-listen "127.0.0.1:$a" --node-id attacked \
-      --worker "$bin/infermesh-testworker --listen 127.0.0.1:{port} --model dense --model identity" \
+    "$agent_bin/infermesh" agent --listen "127.0.0.1:$p" --admin-listen "127.0.0.1:$a" --node-id attacked \
+      --worker "$agent_bin/infermesh-testworker --listen 127.0.0.1:{port} --model dense --model identity" \
       2>>"$work/agent.log" &
     pid=$!
     addr=127.0.0.1:$p
