@@ -166,7 +166,8 @@ fn describe(nvml: &Nvml, index: u32) -> Result<GpuDevice, NvmlError> {
     Ok(GpuDevice {
         index,
         uuid: device.uuid()?,
-        pci_bus_id: device.pci_info()?.bus_id,
+        // Only Xid lines need it: a device without it is still watched.
+        pci_bus_id: device.pci_info().map(|p| p.bus_id).unwrap_or_default(),
         name: device.name()?,
         memory_total_bytes: device.memory_info()?.total,
         compute_capability: (cc.major, cc.minor),
