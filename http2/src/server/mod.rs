@@ -301,9 +301,12 @@ impl Conn {
     }
 
     /// The final GOAWAY: streams opened so far finish, later ones are
-    /// ignored.
+    /// ignored. Not written once the connection failed: its GOAWAY with
+    /// the error was the last frame.
     fn final_go_away(&mut self) {
-        frame::put_goaway(self.core.out.buf(), self.last_id, code::NO_ERROR);
+        if self.core.failed.is_none() {
+            frame::put_goaway(self.core.out.buf(), self.last_id, code::NO_ERROR);
+        }
         self.shutdown = Shutdown::Closing { last: self.last_id };
     }
 

@@ -1,0 +1,110 @@
+//! The cases the frame-sequence fuzzing (`server_frames`, `client_frames`)
+//! found, each reduced to the frames that show it; every one failed before
+//! its fix. Frames are written and read back with the harness's own
+//! parser (`harness::wire`).
+
+mod harness;
+
+use std::io::IoSlice;
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use harness::wire::{self, Frame};
+use http::HeaderMap;
+use infermesh_http2::server::{Conn, Settings};
+use infermesh_http2::{Limits, client};
+
+const PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+
+fn settings(limits: Limits) -> Settings {
+    Settings {
+        response_names: &[],
+        known_paths: &[PATH],
+        limits,
+    }
+}
+
+fn request_block() -> Vec<u8> {
+    loona_hpack::Encoder::new().encode([
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", PATH.as_bytes()),
+    ])
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::put(&mut out, kind, flags, stream, payload);
+    out
+}
+
+/// Everything queued in `out`, taken, as frames (after a client's
+/// preface when `preface`).
+fn take(out: &mut infermesh_http2::Out, preface: bool) -> Vec<Frame> {
+    let mut bytes = Vec::new();
+    loop {
+        let mut slices = [IoSlice::new(&[]); 16];
+        let n = out.slices(&mut slices);
+        if n == 0 {
+            break;
+        }
+        let len: usize = slices[..n].iter().map(|s| s.len()).sum();
+        slices[..n].iter().for_each(|s| bytes.extend_from_slice(s));
+        out.advance(len);
+    }
+    let mut at = if preface { wire::PREFACE.len() } else { 0 };
+    let mut frames = Vec::new();
+    while at < bytes.len() {
+        let len = (usize::from(bytes[at]) << 16)
+            | (usize::from(bytes[at + 1]) << 8)
+            | usize::from(bytes[at + 2]);
+        frames.push(Frame {
+            kind: bytes[at + 3],
+            flags: bytes[at + 4],
+            stream: u32::from_be_bytes(bytes[at + 5..at + 9].try_into().unwrap()),
+            payload: bytes[at + 9..at + 9 + len].to_vec(),
+        });
+        at += 9 + len;
+    }
+    frames
+}
+
+fn word(f: &Frame, at: usize) -> u32 {
+    u32::from_be_bytes(f.payload[at..at + 4].try_into().unwrap())
+}
+
+/// A server connection past the client's preface and SETTINGS.
+fn server(limits: Limits, now: Instant) -> Conn {
+    let mut conn = Conn::new(settings(limits), now);
+    let mut hello = wire::PREFACE.to_vec();
+    hello.extend(frame(wire::SETTINGS, 0, 0, &[]));
+    feed(&mut conn, &hello, now);
+    take(conn.out(), false);
+    conn
+}
+
+fn feed(conn: &mut Conn, bytes: &[u8], now: Instant) {
+    conn.on_read(&mut BytesMut::from(bytes), now, &mut Vec::new());
+}
+
+/// After `go_away()`, a connection error, then the drain timeout: the
+/// final GOAWAY (NO_ERROR) was written after the GOAWAY with the error.
+#[test]
+fn nothing_follows_the_goaway_of_a_failed_connection() {
+    let t0 = Instant::now();
+    let mut conn = server(Limits::default(), t0);
+    conn.go_away();
+    // PING on a stream: a connection error.
+    feed(&mut conn, &frame(wire::PING, 0, 1, &[0; 8]), t0);
+    assert!(conn.failed().is_some());
+    let mut wake = Vec::new();
+    let later = t0 + Duration::from_secs(5);
+    conn.on_timeout(later, &mut wake);
+    let frames = take(conn.out(), false);
+    let last = frames.last().unwrap();
+    assert_eq!(last.kind, wire::GOAWAY);
+    assert_eq!(word(last, 4), wire::PROTOCOL_ERROR, "{frames:?}");
+    // And nothing is due again at once (no busy timer).
+    assert!(conn.next_timeout().is_none_or(|t| t > later));
+}
