@@ -108,3 +108,22 @@ fn nothing_follows_the_goaway_of_a_failed_connection() {
     // And nothing is due again at once (no busy timer).
     assert!(conn.next_timeout().is_none_or(|t| t > later));
 }
+/// Requests read in the same bytes as a connection error were handed to
+/// handlers by `accept()` after the connection had failed.
+#[test]
+fn a_failed_connection_hands_out_no_request() {
+    let t0 = Instant::now();
+    let mut conn = server(Limits::default(), t0);
+    let block = request_block();
+    let mut bytes = frame(
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        1,
+        &block,
+    );
+    bytes.extend(frame(wire::PING, 0, 1, &[0; 8]));
+    feed(&mut conn, &bytes, t0);
+    assert!(conn.failed().is_some());
+    assert!(conn.accept().is_none());
+    assert_eq!(conn.open_streams(), 0);
+}

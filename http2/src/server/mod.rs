@@ -762,6 +762,10 @@ impl Conn {
         }
         self.queued = 0;
         self.sending.clear();
+        // Requests not yet taken are never handed out: no handler runs for
+        // a connection that is gone, and nothing holds their streams.
+        self.accepted.clear();
+        self.streams.retain(|_, s| s.started);
     }
 
     /// Removes stream `id` once nothing more happens on it: the handler is
