@@ -301,8 +301,15 @@ impl Conn {
                 Ok(())
             }
             Frame::StreamError { stream, code } => {
-                self.reset(stream, code);
-                self.fail_stream(stream, Failure::Malformed("bad PRIORITY frame"), wake);
+                if stream % 2 == 0 || stream >= self.next_id {
+                    // RST_STREAM may not name an idle stream (RFC 9113
+                    // 6.4): the stream error is the connection's.
+                    return Err((code, "a bad PRIORITY frame on an idle stream"));
+                }
+                if self.streams.contains_key(&stream) {
+                    self.reset(stream, code);
+                    self.fail_stream(stream, Failure::Malformed("bad PRIORITY frame"), wake);
+                }
                 Ok(())
             }
             Frame::Settings(set) => {

@@ -127,3 +127,31 @@ fn a_failed_connection_hands_out_no_request() {
     assert!(conn.accept().is_none());
     assert_eq!(conn.open_streams(), 0);
 }
+/// A PRIORITY frame of the wrong size on an idle stream was answered with
+/// RST_STREAM on that idle stream, which RFC 9113 6.4 forbids (and a
+/// client must treat as a connection error): it is the connection's error.
+#[test]
+fn a_bad_priority_on_an_idle_stream_is_a_connection_error() {
+    let t0 = Instant::now();
+    let mut conn = server(Limits::default(), t0);
+    feed(&mut conn, &frame(wire::PRIORITY, 0, 5, &[0, 0, 0, 1]), t0);
+    let frames = take(conn.out(), false);
+    assert!(
+        frames.iter().all(|f| f.kind != wire::RST_STREAM),
+        "{frames:?}"
+    );
+    assert!(conn.failed().is_some());
+
+    // The agent's client, fed a worker's PRIORITY that makes an idle
+    // stream depend on itself.
+    let mut c = client::Conn::new("worker:1", PATH);
+    let mut bytes = BytesMut::from(&frame(wire::SETTINGS, 0, 0, &[])[..]);
+    bytes.extend_from_slice(&frame(wire::PRIORITY, 0, 9, &[0, 0, 0, 9, 0]));
+    c.on_read(&mut bytes, t0, &mut Vec::new());
+    let frames = take(c.out(), true);
+    assert!(
+        frames.iter().all(|f| f.kind != wire::RST_STREAM),
+        "{frames:?}"
+    );
+    assert!(c.is_failed());
+}

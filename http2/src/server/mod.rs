@@ -459,7 +459,14 @@ impl Conn {
                 }
                 Ok(())
             }
-            Frame::StreamError { stream, code } => self.local_reset(stream, code, wake),
+            Frame::StreamError { stream, code } => {
+                if stream % 2 == 0 || stream > self.last_id {
+                    // RST_STREAM may not name an idle stream (RFC 9113
+                    // 6.4): the stream error is the connection's.
+                    return Err((code, "a bad PRIORITY frame on an idle stream"));
+                }
+                self.local_reset(stream, code, wake)
+            }
             Frame::Settings(set) => {
                 if let Some(window) = set.initial_window {
                     let streams = self.streams.values_mut().map(|s| &mut s.send_window);

@@ -422,7 +422,11 @@ fn priority_fields_are_checked() {
     feed(&mut conn, &frame(kind::PRIORITY, 0, 0, &[0, 0, 0, 1, 16]));
     assert_eq!(goaways(&written(&mut conn)), [(0, code::PROTOCOL_ERROR)]);
 
+    // On open streams (on an idle one, RST_STREAM may not be sent: a
+    // connection error, tests/regressions.rs).
     let mut conn = settled(SETTINGS, &[]);
+    feed(&mut conn, &headers(1, false));
+    feed(&mut conn, &headers(3, false));
     feed(
         &mut conn,
         &frame(kind::PRIORITY, 0, 1, &[0, 0, 0, 0, 16, 0]),
