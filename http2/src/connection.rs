@@ -361,7 +361,9 @@ impl Core {
     /// Gives `n` bytes of connection window back when enough is owed.
     pub(crate) fn credit(&mut self, n: u32) {
         self.unacked += n;
-        if self.unacked >= self.limits.connection_window / 2 {
+        // Never a zero increment (a protocol error), however small the
+        // window.
+        if self.unacked > 0 && self.unacked >= self.limits.connection_window / 2 {
             frame::put_window_update(self.out.buf(), 0, self.unacked);
             self.recv_window += i64::from(self.unacked);
             self.unacked = 0;

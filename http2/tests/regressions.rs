@@ -155,3 +155,24 @@ fn a_bad_priority_on_an_idle_stream_is_a_connection_error() {
     );
     assert!(c.is_failed());
 }
+/// With a connection window of 1 byte, every empty DATA frame made the
+/// server give back "0 bytes": a WINDOW_UPDATE with a zero increment,
+/// which its client must treat as a connection error.
+#[test]
+fn no_window_update_of_zero_however_small_the_window() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        connection_window: 1,
+        ..Limits::default()
+    };
+    let mut conn = server(limits, t0);
+    let mut bytes = frame(wire::HEADERS, wire::END_HEADERS, 1, &request_block());
+    bytes.extend(frame(wire::DATA, 0, 1, &[]));
+    bytes.extend(frame(wire::DATA, wire::END_STREAM, 1, &[]));
+    feed(&mut conn, &bytes, t0);
+    let frames = take(conn.out(), false);
+    for f in frames.iter().filter(|f| f.kind == wire::WINDOW_UPDATE) {
+        assert_ne!(word(f, 0), 0, "{frames:?}");
+    }
+    assert!(conn.failed().is_none());
+}
