@@ -176,3 +176,40 @@ fn no_window_update_of_zero_however_small_the_window() {
     }
     assert!(conn.failed().is_none());
 }
+/// After the final GOAWAY named stream 1, a HEADERS on stream 3 (ignored)
+/// still raised the last stream id, and a later connection error's GOAWAY
+/// named 3: a GOAWAY may not raise the last stream (RFC 9113 6.8).
+#[test]
+fn a_goaway_never_raises_the_last_stream() {
+    let t0 = Instant::now();
+    let mut conn = server(Limits::default(), t0);
+    feed(
+        &mut conn,
+        &frame(
+            wire::HEADERS,
+            wire::END_HEADERS | wire::END_STREAM,
+            1,
+            &request_block(),
+        ),
+        t0,
+    );
+    conn.go_away();
+    // The drain timeout passes: the final GOAWAY names stream 1.
+    let later = t0 + Duration::from_secs(5);
+    conn.on_timeout(later, &mut Vec::new());
+    // A request on stream 3 (ignored), then an error.
+    let mut bytes = frame(
+        wire::HEADERS,
+        wire::END_HEADERS | wire::END_STREAM,
+        3,
+        &request_block(),
+    );
+    bytes.extend(frame(wire::PING, 0, 1, &[0; 8]));
+    feed(&mut conn, &bytes, later);
+    let lasts: Vec<u32> = take(conn.out(), false)
+        .iter()
+        .filter(|f| f.kind == wire::GOAWAY)
+        .map(|f| word(f, 0))
+        .collect();
+    assert_eq!(lasts, [(1 << 31) - 1, 1, 1]);
+}

@@ -749,7 +749,13 @@ impl Conn {
     /// Ends the connection: GOAWAY with `error` (when given), every
     /// stream failed.
     fn fail(&mut self, error: Option<u32>, why: &'static str, wake: &mut Vec<Waker>) {
-        self.core.fail(error, why, self.last_id);
+        // After the final GOAWAY, streams above its last were ignored: a
+        // GOAWAY may not name a higher one (RFC 9113 6.8).
+        let last = match self.shutdown {
+            Shutdown::Closing { last } => last,
+            _ => self.last_id,
+        };
+        self.core.fail(error, why, last);
         self.close_all(wake);
     }
 
