@@ -19,7 +19,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use crate::connection::{ConnError, Core, Frame, SendQueue};
 use crate::frame::{self, code, setting};
 use crate::limits::{Limits, MAX_HEADER_FIELDS};
-use crate::{Out, StreamMap, request};
+use crate::{Out, StreamMap, hpack, request};
 
 /// The receive window of each stream, as the agent advertises it.
 pub const STREAM_WINDOW: u32 = 4 << 20;
@@ -94,6 +94,11 @@ pub struct Conn {
     peer_max_streams: usize,
     /// Where request heads are encoded (kept: no allocation per request).
     scratch: Vec<u8>,
+    /// The worker's HPACK table as our blocks set it: empty (requests are
+    /// literals), but a SETTINGS_HEADER_TABLE_SIZE below its size must be
+    /// signalled at the start of the next block (RFC 7541 4.2; nghttp2
+    /// refuses a block without it).
+    table: hpack::Indexer,
     /// GOAWAY received: no new streams.
     going_away: bool,
     failed: Option<Failure>,
@@ -127,6 +132,7 @@ impl Conn {
             sending: VecDeque::new(),
             peer_max_streams: usize::MAX,
             scratch: Vec::new(),
+            table: hpack::Indexer::new(&[]),
             going_away: false,
             failed: None,
         };
@@ -175,6 +181,7 @@ impl Conn {
         self.next_id += 2;
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
+        self.table.begin(&mut scratch);
         request::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
         self.core.put_block(id, &scratch, body.is_empty());
         self.scratch = scratch;
@@ -320,8 +327,10 @@ impl Conn {
                 if let Some(max) = set.max_streams {
                     self.peer_max_streams = max as usize;
                 }
-                // HEADER_TABLE_SIZE limits a dynamic table the agent does not
-                // use towards the worker; ENABLE_PUSH is for servers.
+                if let Some(size) = set.header_table_size {
+                    self.table.set_limit(size);
+                }
+                // ENABLE_PUSH is for servers.
                 self.send_pending();
                 Ok(())
             }

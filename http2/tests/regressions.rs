@@ -213,3 +213,28 @@ fn a_goaway_never_raises_the_last_stream() {
         .collect();
     assert_eq!(lasts, [(1 << 31) - 1, 1, 1]);
 }
+/// A worker that lowers SETTINGS_HEADER_TABLE_SIZE must see the size
+/// update at the start of the next request head (RFC 7541 4.2); nghttp2
+/// refuses a block without it (COMPRESSION_ERROR).
+#[test]
+fn the_client_signals_a_smaller_header_table() {
+    let t0 = Instant::now();
+    let mut c = client::Conn::new("worker:1", PATH);
+    let settings = wire::settings_payload(&[(wire::HEADER_TABLE_SIZE, 100)]);
+    c.on_read(
+        &mut BytesMut::from(&frame(wire::SETTINGS, 0, 0, &settings)[..]),
+        t0,
+        &mut Vec::new(),
+    );
+    let meta = HeaderMap::new();
+    c.open(&meta, Bytes::new()).unwrap();
+    c.open(&meta, Bytes::new()).unwrap();
+    let heads: Vec<Frame> = take(c.out(), true)
+        .into_iter()
+        .filter(|f| f.kind == wire::HEADERS)
+        .collect();
+    // 0x3f 0x45: a size update to 100; only in the first block after.
+    assert_eq!(&heads[0].payload[..2], &[0x3f, 0x45]);
+    assert_ne!(heads[1].payload[0] & 0xe0, 0x20);
+    let _ = Waker::noop();
+}
