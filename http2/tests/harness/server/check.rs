@@ -214,15 +214,23 @@ impl Run {
             self.check();
         }
         if self.polite {
-            self.read_out();
+            self.read_out(usize::MAX);
             self.open_windows();
             self.deliver(self.staged.len());
             self.check();
+            // The client reads until every response has left.
+            for _ in 0..10_000 {
+                if self.conn.queued() == 0 {
+                    break;
+                }
+                self.read_out(usize::MAX);
+                self.check();
+            }
         }
         let wait =
             self.limits.send_timeout + self.limits.goaway_ping_timeout + Duration::from_secs(1);
         self.advance(wait);
-        self.read_out();
+        self.read_out(usize::MAX);
         self.check();
         if self.conn.failed().is_some() {
             return;

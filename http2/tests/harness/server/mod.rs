@@ -142,6 +142,7 @@ fn limits(input: &mut Input, polite: bool) -> Limits {
         control_frame_rate: small(input, 0, 100),
         stream_send_buffer: small(input, 1, 1 << 17) as usize,
         connection_send_buffer: small(input, 1, 1 << 19) as usize,
+        write_buffer: small(input, 1, 1 << 18) as usize,
         send_timeout: Duration::from_millis(u64::from(small(input, 1, 60_000))),
         goaway_ping_timeout: Duration::from_millis(u64::from(small(input, 1, 5_000))),
         ..Limits::default()
@@ -263,7 +264,14 @@ impl Run {
                 };
                 self.deliver(n);
             }
-            2 => self.read_out(),
+            2 => {
+                let n = if input.bool() {
+                    usize::MAX
+                } else {
+                    input.below(1 << 16)
+                };
+                self.read_out(n);
+            }
             3 => self.accept(),
             4 => {
                 if let Some(id) = self.pick(input, Handler::Running) {
@@ -392,12 +400,15 @@ impl Run {
         }
     }
 
-    /// The client reads everything written so far.
-    fn read_out(&mut self) {
+    /// The client reads `n` bytes of what was written (all, if fewer),
+    /// and the connection is told they left.
+    fn read_out(&mut self, n: usize) {
         self.observe();
-        let n = self.peek_out().len();
+        let n = n.min(self.out_seen);
         self.conn.out().advance(n);
-        self.out_seen = 0;
+        self.out_seen -= n;
+        let mut wake = Vec::new();
+        self.conn.on_written(&mut wake);
     }
 
     fn accept(&mut self) {
