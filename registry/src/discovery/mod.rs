@@ -10,8 +10,8 @@
 //!   session and once after every reconnect (re-adding the watch: see
 //!   [`zookeeper`](ZkDiscovery) for why), and otherwise reads only the node
 //!   a change names. When ZooKeeper is unreachable it keeps publishing the
-//!   last membership it read (marked [`Source::Cached`]) and says so in the
-//!   log; records that fail validation are skipped with a warning, never
+//!   last membership it read (marked [`Source::Cached`]), says so in the
+//!   log and in [`Membership::unreachable`] (also before a first read); records that fail validation are skipped with a warning, never
 //!   fatal, and at most [`MAX_NODES`] nodes per service are followed.
 
 mod static_list;
@@ -43,6 +43,10 @@ pub struct Membership {
     pub nodes: Vec<NodeRecord>,
     /// Freshness.
     pub source: Source,
+    /// While the registry cannot be read: why (its last error), so that
+    /// callers can say the registry is unreachable rather than that no
+    /// node is registered. `None` once it is read.
+    pub unreachable: Option<String>,
 }
 
 impl Membership {
@@ -51,6 +55,7 @@ impl Membership {
         Membership {
             nodes: Vec::new(),
             source: Source::Empty,
+            unreachable: None,
         }
     }
 }

@@ -44,6 +44,7 @@ impl StaticDiscovery {
         let (tx, _) = watch::channel(Arc::new(Membership {
             nodes,
             source: Source::Live,
+            unreachable: None,
         }));
         StaticDiscovery { tx }
     }

@@ -113,8 +113,12 @@ impl Discovery for ZkDiscovery {
 async fn run(hosts: String, chroot: String, mut cache: Cache) {
     let mut retry = Reconnect::new(RECONNECT);
     loop {
+        // Fail at once when no host answers (instead of after the session
+        // timeout): this loop retries with backoff anyway, and callers learn
+        // early that the registry is unreachable.
         let connected = zk::Client::connector()
             .with_session_timeout(SESSION_TIMEOUT)
+            .with_fail_eagerly()
             .connect(&hosts)
             .await;
         let why = match connected {
@@ -134,10 +138,28 @@ async fn run(hosts: String, chroot: String, mut cache: Cache) {
                 tracing::info!(registry = %hosts, session = ?client.session_id(), "discovery connected to ZooKeeper");
                 follow(&client, &mut cache, &mut retry).await
             }
-            Err(e) => e.to_string(),
+            Err(e) => why_unreachable(&hosts, &e).await,
         };
         cache.keep_cached(&why);
         tokio::time::sleep(retry.failed()).await;
+    }
+}
+
+/// Why no session could be made with `hosts`: the client's error and, for
+/// the first host, what a plain TCP connect says (refused, no answer),
+/// which the client's "no available hosts" leaves out.
+async fn why_unreachable(hosts: &str, e: &zk::Error) -> String {
+    let first = hosts.split(',').next().unwrap_or(hosts);
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect(first),
+    )
+    .await;
+    match tcp {
+        // TCP works: ZooKeeper itself refused the session.
+        Ok(Ok(_)) => e.to_string(),
+        Ok(Err(io)) => format!("{e} ({first}: {io})"),
+        Err(_) => format!("{e} ({first}: no answer within 1 s)"),
     }
 }
 
@@ -439,12 +461,14 @@ impl Cache {
     fn publish(&self) {
         let current = self.tx.borrow().clone();
         let changed = current.source != Source::Live
+            || current.unreachable.is_some()
             || current.nodes.len() != self.nodes.len()
             || current.nodes.iter().ne(self.nodes.values());
         if changed {
             let membership = Membership {
                 nodes: self.nodes.values().cloned().collect(),
                 source: Source::Live,
+                unreachable: None,
             };
             if current.nodes.len() != membership.nodes.len() {
                 tracing::info!(
@@ -458,17 +482,25 @@ impl Cache {
         }
     }
 
-    /// Keeps the last membership published, marked cached, and says why.
+    /// ZooKeeper cannot be read (`why`): keep what was read, if anything,
+    /// marked cached, and say why. Published once per outage, not per retry.
     fn keep_cached(&self, why: &str) {
         let current = self.tx.borrow().clone();
+        let source = match current.source {
+            Source::Empty => Source::Empty,
+            Source::Live | Source::Cached => Source::Cached,
+        };
         if current.source == Source::Live {
             tracing::warn!(
                 nodes = current.nodes.len(),
                 "ZooKeeper unreachable ({why}): routing on the cached membership"
             );
+        }
+        if current.source != source || current.unreachable.is_none() {
             self.tx.send_replace(Arc::new(Membership {
                 nodes: current.nodes.clone(),
-                source: Source::Cached,
+                source,
+                unreachable: Some(why.to_string()),
             }));
         }
     }
@@ -557,6 +589,21 @@ mod tests {
         assert_eq!((m.source, m.nodes.len()), (Source::Cached, 1));
         c.keep_cached("again");
         assert!(!rx.has_changed().unwrap(), "marked once");
+        assert_eq!(m.unreachable.as_deref(), Some("test"));
+        c.publish();
+        assert_eq!(rx.borrow_and_update().unreachable, None, "read again");
+    }
+
+    /// A registry never reached says so: no nodes, and why.
+    #[test]
+    fn a_registry_never_read_is_reported_unreachable() {
+        let c = cache();
+        let mut rx = c.tx.subscribe();
+        c.keep_cached("connection refused");
+        let m = rx.borrow_and_update().clone();
+        assert_eq!(m.source, Source::Empty);
+        assert!(m.nodes.is_empty());
+        assert_eq!(m.unreachable.as_deref(), Some("connection refused"));
     }
 
     #[test]
