@@ -132,15 +132,8 @@ pub fn spawn(spec: &WorkerSpec, shim: Option<&Path>, output: OutputSink) -> io::
         .iter()
         .map(|a| a.replace(PORT_PLACEHOLDER, &port.to_string()))
         .collect();
-    let program = resolve_program(&argv[0]).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!(
-                "'{}' not found in PATH or next to the infermesh binary",
-                argv[0]
-            ),
-        )
-    })?;
+    let program = resolve_program(&argv[0])
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, not_found(&argv[0])))?;
     let mut cmd = match shim {
         Some(shim) => {
             let mut cmd = Command::new(shim);
@@ -197,9 +190,14 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn resolve_program(name: &str) -> Option<PathBuf> {
+/// The executable file a worker's program `name` stands for, as the agent
+/// starts it: `name` itself if it has a `/`; else the first match on
+/// `PATH`, then one next to the running `infermesh` binary.
+/// `infermesh agent --check-config` looks programs up with this too.
+pub fn resolve_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') {
-        return Some(PathBuf::from(name));
+        let path = PathBuf::from(name);
+        return is_executable(&path).then_some(path);
     }
     let in_path = std::env::var_os("PATH")
         .into_iter()
@@ -211,6 +209,17 @@ fn resolve_program(name: &str) -> Option<PathBuf> {
         let candidate = here.parent()?.join(name);
         is_executable(&candidate).then_some(candidate)
     })
+}
+
+/// Why [`resolve_program`] found nothing for `name`.
+pub fn not_found(name: &str) -> String {
+    if name.contains('/') {
+        format!("'{name}' not found (not an executable file)")
+    } else {
+        format!(
+            "'{name}' not found (no executable of that name on PATH or next to the infermesh binary)"
+        )
+    }
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -257,6 +266,13 @@ mod tests {
     fn resolves_programs_in_path() {
         assert!(resolve_program("sh").is_some());
         assert!(resolve_program("no-such-program-here").is_none());
-        assert_eq!(resolve_program("/bin/x"), Some(PathBuf::from("/bin/x")));
+        // A path is taken as it is, if it is an executable file.
+        assert_eq!(resolve_program("/bin/sh"), Some(PathBuf::from("/bin/sh")));
+        assert_eq!(resolve_program("/bin/no-such-program-here"), None);
+        assert_eq!(
+            resolve_program(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")),
+            None,
+            "not executable"
+        );
     }
 }

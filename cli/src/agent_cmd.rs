@@ -85,7 +85,8 @@ pub struct AgentArgs {
     #[arg(long = "worker", value_name = "COMMAND LINE")]
     workers: Vec<String>,
     /// Check the configuration without starting anything: parse it, look up
-    /// every worker program, and try to bind the listen addresses. Prints every
+    /// every worker program as the agent does (PATH, then next to this
+    /// binary), and try to bind the listen addresses. Prints every
     /// problem found; exits 0 if none, 78 for a bad config or a missing
     /// program, 69 when a listen address is taken.
     #[arg(long)]
@@ -108,15 +109,12 @@ fn check_config(cfg: &AgentConfig) -> i32 {
             config_problems.push(format!("worker {}: empty command", w.id));
             continue;
         };
-        if find_program(program).is_none() {
+        // The agent's own lookup: PATH, then next to this binary.
+        if infermesh_agent::spawn::resolve_program(program).is_none() {
             config_problems.push(format!(
-                "worker {}: program '{program}' not found (not an executable file{})",
+                "worker {}: program {}",
                 w.id,
-                if program.contains('/') {
-                    ""
-                } else {
-                    " on PATH"
-                }
+                infermesh_agent::spawn::not_found(program)
             ));
         }
         if !w.argv.iter().any(|a| a.contains("{port}")) {
@@ -158,23 +156,6 @@ fn check_config(cfg: &AgentConfig) -> i32 {
         }
     );
     exit::OK
-}
-
-/// The executable `program` names: a path if it has a `/`, else the first
-/// match on `PATH` (as `execvp` looks it up).
-fn find_program(program: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if program.contains('/') {
-        let p = PathBuf::from(program);
-        return executable(&p).then_some(p);
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| executable(p))
 }
 
 pub fn main(args: AgentArgs) -> i32 {
