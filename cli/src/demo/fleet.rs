@@ -169,7 +169,12 @@ fn config(
             .collect(),
         ..Default::default()
     };
-    AgentConfig::from_raw(raw).map_err(|e| format!("{}: {e}", plan.name))
+    let mut cfg = AgentConfig::from_raw(raw).map_err(|e| format!("{}: {e}", plan.name))?;
+    // As `infermesh agent` does: workers start through `infermesh
+    // worker-shim` (cli/src/shim.rs), so they die with the demo even if it
+    // is SIGKILLed.
+    cfg.worker_shim = std::env::current_exe().ok();
+    Ok(cfg)
 }
 
 impl Fleet {
