@@ -7,7 +7,7 @@
 //! secrets (credentials in arguments, paths, data in logs).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::{StatusCode, header};
@@ -61,6 +61,8 @@ pub struct AdminState {
     pub token: Option<AdminToken>,
     /// The registration phase: drain and undrain move it.
     pub phase: Arc<watch::Sender<Phase>>,
+    /// `sentinel.stable_period`, reported in Status (the drill waits for it).
+    pub stable_period: Duration,
 }
 
 /// The admin router: HTTP endpoints and the admin gRPC service.
@@ -208,6 +210,7 @@ impl AdminState {
             gpu_backend: self.gpus.backend().to_string(),
             gpus: self.gpu_status(),
             kernel_log: self.kernel_log.source().to_string(),
+            stable_period_ms: self.stable_period.as_millis() as u64,
         }
     }
 

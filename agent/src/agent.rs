@@ -509,6 +509,7 @@ impl Agent {
                 procs: Arc::clone(&procs),
                 token: cfg.admin_token.clone(),
                 phase: Arc::clone(&set_phase),
+                stable_period: cfg.sentinel.stable_period,
             };
             if let Some(listener) = probe_listener {
                 let app = admin::probe_router(state.clone());
