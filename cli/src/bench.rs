@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
+use infermesh_client::discovery::Source;
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::model_infer_request::{
     InferInputTensor, InferRequestedOutputTensor,
@@ -23,13 +24,19 @@ use infermesh_proto::inference::model_infer_request::{
 use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
 use infermesh_proto::tensor::f32_to_raw;
 use infermesh_proto::tls::ClientTls;
-use serde::Serialize;
+use infermesh_transport::Path;
 use tonic::transport::Channel;
 
 use crate::exit;
 
+mod report;
+mod transport;
+
+use report::{Latency, Report, print_human};
+use transport::TransportArg;
+
 /// Bytes in one row of the dense model's input (16 × FP32).
-const ROW_BYTES: usize = 64;
+pub(crate) const ROW_BYTES: usize = 64;
 
 /// Send ModelInfer load to an OIP endpoint and report throughput and latency.
 #[derive(Debug, Args)]
@@ -76,9 +83,13 @@ pub struct BenchArgs {
     wait_ready: Duration,
     /// Move tensors on this transport (with one --target, through the client
     /// library with the target as the local node; or with --registry): shm
-    /// (shared memory, falls back to grpc if it breaks), quic (a QUIC stream
-    /// per request, with --registry and --tls-ca: falls back to grpc), grpc
-    /// (inline), auto (the ladder's choice).
+    /// (shared memory; the agent must be on this host), rdma (with
+    /// --registry; a node must advertise it), quic (a QUIC stream per
+    /// request; with --registry and --tls-ca, a node must advertise it), grpc
+    /// (inline), auto (the ladder's choice). Exits 69 before any load when
+    /// the target does not offer the transport or the first request went
+    /// over another path; the report counts requests per path that carried
+    /// them (a path that breaks mid-run falls back to grpc, and is counted so).
     /// Lists OUTPUT0 as a requested output, so outputs take the same path;
     /// use `--model identity` to move the same bytes both ways. Also measures
     /// a plain memcpy of the same size as the physical limit.
@@ -87,39 +98,13 @@ pub struct BenchArgs {
     /// TLS to the agents (`--tls-ca` also turns it on for --target).
     #[command(flatten)]
     tls: crate::ops::TlsArgs,
-    /// Print one JSON object as the last line (stable fields: requests, errors,
+    /// Print the report as one JSON object on stdout, and nothing else
+    /// there (the text report goes to stderr). Stable fields: requests, errors,
     /// duration_s, throughput_rps, bytes_per_s, latency_ms.{p50,p90,p99,p999}
     /// of successful requests, latency_all_ms.{...} of all requests, failed
     /// ones included).
     #[arg(long)]
     json: bool,
-}
-
-/// `--transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum TransportArg {
-    Shm,
-    Quic,
-    Grpc,
-    Auto,
-}
-
-impl TransportArg {
-    fn paths(self) -> infermesh_client::PathsConfig {
-        use infermesh_transport::Path;
-        let prefer = match self {
-            TransportArg::Shm => vec![Path::Shm, Path::Grpc],
-            TransportArg::Quic => vec![Path::Quic, Path::Grpc],
-            TransportArg::Grpc => vec![Path::Grpc],
-            TransportArg::Auto => return infermesh_client::PathsConfig::default(),
-        };
-        infermesh_client::PathsConfig {
-            prefer,
-            // Chosen explicitly: every request takes it, however small.
-            shm_min_bytes: 0,
-            ..Default::default()
-        }
-    }
 }
 
 /// Bytes per second of a plain memcpy of `size` bytes (one thread, ~0.5 s):
@@ -137,58 +122,27 @@ fn memcpy_bandwidth(size: usize) -> f64 {
     copies as f64 * size as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The `--json` report.
-#[derive(Debug, Serialize)]
-struct Report {
-    target: String,
-    model: String,
-    concurrency: u32,
-    size_bytes: usize,
-    requests: u64,
-    errors: u64,
-    errors_by_code: BTreeMap<String, u64>,
-    /// Successful requests per node (through the client library only).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    requests_by_node: BTreeMap<String, u64>,
-    /// When the client library last sent an attempt to each node (Unix ms).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    last_attempt_unix_ms_by_node: BTreeMap<String, u64>,
-    duration_s: f64,
-    throughput_rps: f64,
-    /// Input tensor bytes sent per second by successful requests.
-    bytes_per_s: f64,
-    /// Successful requests only.
-    latency_ms: Latency,
-    /// All requests, failed ones included (time until the error).
-    latency_all_ms: Latency,
-    /// With --transport: the transport asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    transport: Option<String>,
-    /// With --transport: requests per path (attempts, successes, failures,
-    /// fallbacks to the next path down).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    paths: BTreeMap<String, serde_json::Value>,
-    /// With --transport: a plain memcpy of the same size, bytes per second.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    memcpy_bytes_per_s: Option<f64>,
-}
-
-#[derive(Debug, Serialize)]
-struct Latency {
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    p999: f64,
-    max: f64,
-    mean: f64,
-}
-
 #[derive(Default)]
 struct TaskResult {
     hist: Option<Histogram<u64>>,
     hist_all: Option<Histogram<u64>>,
     errors: BTreeMap<String, u64>,
     nodes: BTreeMap<String, u64>,
+    paths: BTreeMap<String, u64>,
+}
+
+/// How one successful request travelled.
+struct Carried {
+    /// The node, when the client library chose it (or one of several targets).
+    node: Option<String>,
+    /// The transport path, when known.
+    path: Option<Path>,
+}
+
+/// A failed request: its code (what it is counted under) and message.
+struct Failed {
+    code: String,
+    message: String,
 }
 
 /// Who the load goes to: endpoints in turn, or the fleet through the client library.
@@ -199,12 +153,8 @@ enum Caller {
 }
 
 impl Caller {
-    /// One request; `Ok(node)` names the node when the client library chose it.
-    async fn call(
-        &self,
-        req: ModelInferRequest,
-        timeout: Duration,
-    ) -> Result<Option<String>, String> {
+    /// One request.
+    async fn call(&self, req: ModelInferRequest, timeout: Duration) -> Result<Carried, Failed> {
         match self {
             Caller::Direct(clients, next) => {
                 let i = next.fetch_add(1, Ordering::Relaxed) as usize % clients.len();
@@ -215,19 +165,30 @@ impl Caller {
                     .clone()
                     .model_infer(r)
                     .await
-                    .map(|_| node)
-                    .map_err(|s| status_code_name(&s))
-            }
-            Caller::Mesh(c) => {
-                c.infer_on(req)
-                    .await
-                    .map(|(_, node)| Some(node))
-                    .map_err(|e| match e {
-                        infermesh_client::ClientError::Status(s) => status_code_name(&s),
-                        infermesh_client::ClientError::NoNode { .. } => "NoNode".to_string(),
-                        other => format!("{:?}", other.code()),
+                    .map(|_| Carried {
+                        node,
+                        path: Some(Path::Grpc),
+                    })
+                    .map_err(|s| Failed {
+                        code: status_code_name(&s),
+                        message: s.message().to_string(),
                     })
             }
+            Caller::Mesh(c) => c
+                .infer_answered(req)
+                .await
+                .map(|a| Carried {
+                    node: Some(a.node),
+                    path: a.path,
+                })
+                .map_err(|e| Failed {
+                    code: match &e {
+                        infermesh_client::ClientError::Status(s) => status_code_name(s),
+                        infermesh_client::ClientError::NoNode { .. } => "NoNode".to_string(),
+                        other => format!("{:?}", other.code()),
+                    },
+                    message: e.to_string(),
+                }),
         }
     }
 }
@@ -273,15 +234,27 @@ async fn direct(
     Ok(client)
 }
 
-/// Waits up to `patience` for the client library to know a serving node.
+/// Waits up to `patience` (at least 5 s) for the client library to know a
+/// node; the error says whether the registry could not be read or has no
+/// node for the service.
 async fn wait_for_nodes(
     client: &infermesh_client::Client,
+    registry: &str,
+    service: &str,
     patience: Duration,
 ) -> Result<(), String> {
     let deadline = Instant::now() + patience.max(Duration::from_secs(5));
     while client.nodes().is_empty() {
         if Instant::now() >= deadline {
-            return Err("no node registered for the service".into());
+            let m = client.membership();
+            return Err(match (&m.unreachable, m.source) {
+                (Some(why), _) => format!("registry {registry} is unreachable: {why}"),
+                (None, Source::Empty) => format!(
+                    "registry {registry} did not answer within {:?}",
+                    patience.max(Duration::from_secs(5))
+                ),
+                (None, _) => format!("no node registered for service '{service}' in {registry}"),
+            });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -289,6 +262,7 @@ async fn wait_for_nodes(
 }
 
 pub fn main(args: BenchArgs) -> i32 {
+    crate::say::json_on_stdout(args.json);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     runtime.block_on(run(args))
 }
@@ -318,6 +292,7 @@ async fn run(args: BenchArgs) -> i32 {
     };
     let caller = match (&args.target, &args.registry) {
         (Some(target), _) if args.transport.is_some() => {
+            let transport = args.transport.expect("checked");
             if target.contains(',') {
                 eprintln!("error: --transport takes one --target (the local agent)");
                 return exit::USAGE;
@@ -328,6 +303,10 @@ async fn run(args: BenchArgs) -> i32 {
                 );
                 return exit::USAGE;
             }
+            if let Err(e) = transport::check_target(transport, target) {
+                eprintln!("error: {e}");
+                return exit::UNAVAILABLE;
+            }
             if let Err(code) = direct(target, args.size_bytes as usize, args.wait_ready, None).await
             {
                 return code;
@@ -336,7 +315,7 @@ async fn run(args: BenchArgs) -> i32 {
                 .registry(format!("static://{target}"))
                 .local_node(target.clone())
                 .deadline(deadline)
-                .transports(args.transport.expect("checked").paths())
+                .transports(transport.paths(None))
                 .build()
                 .await;
             match client {
@@ -365,32 +344,62 @@ async fn run(args: BenchArgs) -> i32 {
             Caller::Direct(clients.into(), Arc::new(AtomicU64::new(0)))
         }
         (None, Some(registry)) => {
-            let mut builder = infermesh_client::Client::builder()
-                .registry(registry.clone())
-                .service(args.service.clone())
-                .deadline(deadline);
-            if let Some(local) = &args.local_node {
-                builder = builder.local_node(local.clone());
-            }
-            if let Some(t) = &tls {
-                builder = builder.tls(t.clone());
-            }
-            if let Some(transport) = args.transport {
-                builder = builder.transports(transport.paths());
-            }
-            match builder.build().await {
-                Ok(c) => {
-                    if let Err(e) = wait_for_nodes(&c, args.wait_ready).await {
-                        eprintln!("error: {target_name}: {e}");
+            let build = |paths: Option<infermesh_client::PathsConfig>| {
+                let mut builder = infermesh_client::Client::builder()
+                    .registry(registry.clone())
+                    .service(args.service.clone())
+                    .deadline(deadline);
+                if let Some(local) = &args.local_node {
+                    builder = builder.local_node(local.clone());
+                }
+                if let Some(t) = &tls {
+                    builder = builder.tls(t.clone());
+                }
+                if let Some(paths) = paths {
+                    builder = builder.transports(paths);
+                }
+                builder.build()
+            };
+            let connect = |paths| async {
+                let c = build(paths).await.map_err(|e| {
+                    eprintln!("error: {e}");
+                    exit::USAGE
+                })?;
+                match wait_for_nodes(&c, registry, &args.service, args.wait_ready).await {
+                    Ok(()) => Ok(c),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        Err(exit::UNAVAILABLE)
+                    }
+                }
+            };
+            let mut client = match connect(args.transport.map(|t| t.paths(None))).await {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            if let Some(t) = args.transport {
+                let offered = transport::check_nodes(
+                    t,
+                    &args.service,
+                    &client.nodes(),
+                    args.local_node.as_deref(),
+                    tls.is_some(),
+                )
+                .await;
+                match offered {
+                    Err(e) => {
+                        eprintln!("error: {e}");
                         return exit::UNAVAILABLE;
                     }
-                    Caller::Mesh(c)
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return exit::USAGE;
+                    // RDMA: a client with the engine the nodes call for.
+                    Ok(Some(engine)) => match connect(Some(t.paths(Some(engine)))).await {
+                        Ok(c) => client = c,
+                        Err(code) => return code,
+                    },
+                    Ok(None) => {}
                 }
             }
+            Caller::Mesh(client)
         }
         (None, None) => unreachable!("clap requires --target or --registry"),
     };
@@ -419,6 +428,26 @@ async fn run(args: BenchArgs) -> i32 {
         ..Default::default()
     };
     let size_bytes = rows * ROW_BYTES;
+    // The first request must take the path asked for (see `transport`).
+    if let Some(t) = args.transport {
+        match caller.call(request.clone(), deadline).await {
+            Ok(carried) => {
+                if let Err(e) = transport::check_carried(t, carried.path) {
+                    eprintln!("error: {e}");
+                    return exit::UNAVAILABLE;
+                }
+            }
+            Err(f) => {
+                eprintln!(
+                    "error: --transport {}: the first request failed ({}): {}",
+                    t.name(),
+                    f.code,
+                    f.message
+                );
+                return exit::UNAVAILABLE;
+            }
+        }
+    }
     let memcpy_bytes_per_s = args.transport.map(|_| memcpy_bandwidth(size_bytes));
 
     let progress = (!args.json && std::io::stderr().is_terminal()).then(|| {
@@ -461,19 +490,21 @@ async fn run(args: BenchArgs) -> i32 {
                         .expect("histogram")
                         .saturating_record(us);
                     match outcome {
-                        Ok(node) => {
+                        Ok(carried) => {
                             result
                                 .hist
                                 .as_mut()
                                 .expect("histogram")
                                 .saturating_record(us);
-                            if let Some(node) = node {
+                            if let Some(node) = carried.node {
                                 *result.nodes.entry(node).or_default() += 1;
                             }
+                            let path = carried.path.map_or("unknown", |p| p.as_str());
+                            *result.paths.entry(path.to_string()).or_default() += 1;
                             done.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(code) => {
-                            *result.errors.entry(code).or_default() += 1;
+                        Err(failed) => {
+                            *result.errors.entry(failed.code).or_default() += 1;
                         }
                     }
                 }
@@ -522,6 +553,7 @@ async fn run(args: BenchArgs) -> i32 {
     let mut hist_all = new_histogram();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut nodes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut paths: BTreeMap<String, u64> = BTreeMap::new();
     for t in tasks {
         let r = t.await.expect("bench task panicked");
         if let Some(h) = r.hist {
@@ -535,6 +567,9 @@ async fn run(args: BenchArgs) -> i32 {
         }
         for (node, n) in r.nodes {
             *nodes.entry(node).or_default() += n;
+        }
+        for (path, n) in r.paths {
+            *paths.entry(path).or_default() += n;
         }
     }
     if let Some(pb) = progress {
@@ -563,6 +598,7 @@ async fn run(args: BenchArgs) -> i32 {
         errors: error_count,
         errors_by_code: errors,
         requests_by_node: nodes,
+        requests_by_path: paths,
         last_attempt_unix_ms_by_node: match &caller {
             Caller::Mesh(c) => {
                 note_last_attempts(c, &last_attempts);
@@ -575,7 +611,7 @@ async fn run(args: BenchArgs) -> i32 {
         bytes_per_s: (requests as f64 * size_bytes as f64) / duration_s,
         latency_ms: latency(&hist),
         latency_all_ms: latency(&hist_all),
-        transport: args.transport.map(|t| format!("{t:?}").to_lowercase()),
+        transport: args.transport.map(|t| t.name().to_string()),
         paths: match (&caller, args.transport) {
             (Caller::Mesh(c), Some(_)) => c
                 .path_counters()
@@ -645,51 +681,5 @@ async fn wait_until_ready(
             }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
-    }
-}
-
-fn print_human(r: &Report) {
-    println!(
-        "target {}  model {}  concurrency {}  payload {} B ({} rows)",
-        r.target,
-        r.model,
-        r.concurrency,
-        r.size_bytes,
-        r.size_bytes / ROW_BYTES
-    );
-    println!(
-        "requests {}  errors {}  duration {:.2} s",
-        r.requests, r.errors, r.duration_s
-    );
-    for (code, n) in &r.errors_by_code {
-        println!("  {code}: {n}");
-    }
-    for (node, n) in &r.requests_by_node {
-        println!("  node {node}: {n} requests");
-    }
-    println!(
-        "throughput {:.1} req/s  {:.2} MiB/s",
-        r.throughput_rps,
-        r.bytes_per_s / (1024.0 * 1024.0)
-    );
-    if let Some(t) = &r.transport {
-        let paths: Vec<String> = r.paths.iter().map(|(p, v)| format!("{p} {v}")).collect();
-        println!("transport {t}: {}", paths.join("  "));
-    }
-    if let Some(m) = r.memcpy_bytes_per_s {
-        println!(
-            "memcpy of the same size: {:.2} MiB/s (transport reaches {:.1}% of it)",
-            m / (1024.0 * 1024.0),
-            100.0 * r.bytes_per_s / m
-        );
-    }
-    for (label, l) in [
-        ("successes   ", &r.latency_ms),
-        ("all requests", &r.latency_all_ms),
-    ] {
-        println!(
-            "latency ms, {label}  p50 {:.3}  p90 {:.3}  p99 {:.3}  p999 {:.3}  max {:.3}  mean {:.3}",
-            l.p50, l.p90, l.p99, l.p999, l.max, l.mean
-        );
     }
 }

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 
 use crate::exit;
+use crate::say::say;
 use fleet::{Fleet, Injection, PLAN, ZkRegistry, unix_micros};
 use live::{Live, event_line, role};
 use load::Recorder;
@@ -72,12 +73,14 @@ pub struct DemoArgs {
     /// File the agents' and workers' logs go to (RUST_LOG sets the level, default info).
     #[arg(long, default_value = "/tmp/infermesh-demo.log")]
     log_file: PathBuf,
-    /// Also print the summary as one JSON object, on the last line.
+    /// Print the summary as one JSON object on stdout, and nothing else
+    /// there (the table and the text summary go to stderr).
     #[arg(long)]
     json: bool,
 }
 
 pub fn main(args: DemoArgs) -> i32 {
+    crate::say::json_on_stdout(args.json);
     if args.duration < Duration::from_secs(3) {
         eprintln!("error: --duration must be at least 3s (a crash and a slowdown happen in it)");
         return exit::USAGE;
@@ -140,7 +143,7 @@ async fn run(args: DemoArgs, testworker: PathBuf) -> i32 {
         url,
         service: args.service.clone(),
     });
-    println!(
+    say!(
         "starting 3 agents with test workers (logs: {})",
         args.log_file.display()
     );
@@ -153,7 +156,7 @@ async fn run(args: DemoArgs, testworker: PathBuf) -> i32 {
     };
     let outcome = demo(&args, &fleet, zk.as_ref()).await;
     let pids = worker_pids(&fleet).await;
-    println!("stopping the agents (they drain, then stop their workers)");
+    say!("stopping the agents (they drain, then stop their workers)");
     fleet.stop().await;
     let strays = strays(&pids);
     if !strays.is_empty() {
@@ -173,7 +176,7 @@ async fn run(args: DemoArgs, testworker: PathBuf) -> i32 {
 async fn demo(args: &DemoArgs, fleet: &Fleet, zk: Option<&ZkRegistry>) -> Result<bool, String> {
     fleet.wait_ready(Duration::from_secs(60)).await?;
     for (n, plan) in fleet.nodes.iter().zip(&PLAN) {
-        println!(
+        say!(
             "  {:<7} {:<6} OIP {:<21} admin {:<21} {} worker(s), {} ms per request",
             n.name,
             role(n.name),
@@ -202,7 +205,7 @@ async fn demo(args: &DemoArgs, fleet: &Fleet, zk: Option<&ZkRegistry>) -> Result
         .await
         .map_err(|e| format!("client: {e}"))?;
     wait_for_membership(&client, &ids).await?;
-    println!(
+    say!(
         "driving load through the client library ({registry}): {} callers for {:?}; \
          cuda-crash into node-a at {:.0} s, node-c slowed down at {:.0} s",
         args.concurrency,
@@ -290,7 +293,7 @@ async fn demo(args: &DemoArgs, fleet: &Fleet, zk: Option<&ZkRegistry>) -> Result
     live.screen.finish();
     live.poll(&mut log).await;
     for line in log.drain(..) {
-        println!("{line}");
+        say!("{line}");
     }
 
     let (successes, failures) = recorder.outcomes();

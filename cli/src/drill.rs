@@ -15,7 +15,9 @@
 //! loop (no restart since its last `stable` event), so it measures the
 //! response to one fault; give the agent a short `sentinel.stable_period`
 //! (`scripts/drill.sh` uses 1 s) or the drill waits that long between
-//! injections into the same worker.
+//! injections into the same worker. The drill reads the agent's period
+//! (admin Status) and says so when it starts and when it waits; it cannot
+//! change a running agent's.
 //!
 //! Needs an agent whose workers are `infermesh-testworker`s (for the
 //! process faults) and `gpu.backend = "fake"` with `gpu = N` per worker (for
@@ -47,6 +49,7 @@ use tonic::transport::Channel;
 
 use crate::exit;
 use crate::ops::Admin;
+use crate::say::say;
 
 /// The faults a drill can inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -96,6 +99,21 @@ impl Fault {
     }
 }
 
+/// `infermesh drill --help`.
+pub const ABOUT: &str = "\
+Inject faults into a running agent's workers under load and report detection and recovery
+times (needs test workers and, for the Xid faults, the fake GPU backend).
+
+Before each injection the drill waits until every worker is routable and out of its crash loop:
+a worker restarted by the previous injection must stay up for the agent's sentinel.stable_period
+(60s by default) before the next. The drill reads that period from the agent and says so; it
+cannot change it. Give the agent a short one for drills, e.g. in its config:
+
+  [sentinel]
+  stable_period = \"1s\"
+
+(scripts/drill.sh starts its agent so). With --json, stdout holds the JSON report only.";
+
 /// Inject faults under load and report detection and recovery times.
 #[derive(Debug, Args)]
 pub struct DrillArgs {
@@ -117,6 +135,10 @@ pub struct DrillArgs {
     #[arg(long = "fault", value_enum)]
     faults: Vec<Fault>,
     /// Injections per fault kind (quarantines: at most one per GPU worker but one).
+    /// Before each, the drill waits until every worker is out of its crash
+    /// loop: a restarted worker must stay up for the agent's
+    /// `sentinel.stable_period` (60s by default), so give the agent a short
+    /// one for drills (`scripts/drill.sh` uses 1s).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
     count: u32,
     /// Callers sending load through the agent meanwhile.
@@ -125,13 +147,14 @@ pub struct DrillArgs {
     /// Model to call.
     #[arg(long, default_value = "dense")]
     model: String,
-    /// Give up on one injection after this long.
+    /// Give up on one injection (and on the wait before it) after this long.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     patience: Duration,
     /// TLS to the agent (`--tls-ca` turns it on for both addresses).
     #[command(flatten)]
     tls: crate::ops::TlsArgs,
-    /// Print one JSON object as the last line.
+    /// Print the report as one JSON object on stdout, and nothing else
+    /// there (the table goes to stderr).
     #[arg(long)]
     json: bool,
 }
@@ -184,6 +207,7 @@ struct Sample {
 }
 
 pub fn main(args: DrillArgs) -> i32 {
+    crate::say::json_on_stdout(args.json);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     runtime.block_on(run(args))
 }
@@ -237,6 +261,28 @@ async fn run(args: DrillArgs) -> i32 {
     } else {
         args.faults.clone()
     };
+    // What the drill will wait for between injections into one worker.
+    let stable_period = match admin.clone().status(StatusRequest {}).await {
+        Ok(s) => Duration::from_millis(s.into_inner().stable_period_ms),
+        Err(e) => {
+            eprintln!("error: admin Status of {}: {}", args.admin, e.message());
+            return exit::UNAVAILABLE;
+        }
+    };
+    eprintln!(
+        "drill: {} fault kind(s) x {} injection(s); before each, every worker must be routable \
+         and out of its crash loop: a restarted worker waits out the agent's \
+         sentinel.stable_period ({}){}",
+        faults.len(),
+        args.count,
+        humantime::format_duration(stable_period),
+        if stable_period > Duration::from_secs(5) && args.count > 1 {
+            "; that is the wait between injections into one worker. Give the agent a \
+             shorter [sentinel] stable_period for drills (scripts/drill.sh uses 1s)"
+        } else {
+            ""
+        }
+    );
     let samples = Arc::new(Mutex::new(Vec::<Sample>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let load: Vec<_> = (0..args.concurrency)
@@ -253,7 +299,7 @@ async fn run(args: DrillArgs) -> i32 {
     let mut reports = Vec::new();
     let mut failed = false;
     for fault in faults {
-        match drill_one(&args, fault, admin.clone(), &samples).await {
+        match drill_one(&args, fault, admin.clone(), &samples, stable_period).await {
             Ok(r) => reports.push(r),
             Err(e) => {
                 eprintln!("error: {} drill: {e}", fault.name());
@@ -338,13 +384,14 @@ async fn drill_one(
     fault: Fault,
     mut admin: Admin,
     samples: &Mutex<Vec<Sample>>,
+    stable_period: Duration,
 ) -> Result<FaultReport, String> {
     let (mut stop_h, mut again_h, mut net_h) = (histogram(), histogram(), histogram());
     let (mut injections, mut detected, mut collateral) = (0, 0, 0);
     let window_start = unix_micros();
     let mut detection_windows = Vec::new();
     for i in 0..args.count {
-        let workers = wait_all_routable(&mut admin, args.patience).await?;
+        let workers = wait_all_routable(&mut admin, args.patience, stable_period).await?;
         let candidates: Vec<_> = workers
             .iter()
             .filter(|w| {
@@ -493,12 +540,15 @@ fn settled(w: &WorkerStatus) -> bool {
         .is_none_or(|e| e.kind == "stable")
 }
 
-/// Waits until every worker that is not quarantined is routable and settled.
+/// Waits until every worker that is not quarantined is routable and settled;
+/// says once what it waits for when a worker is still in its stable period.
 async fn wait_all_routable(
     admin: &mut Admin,
     patience: Duration,
+    stable_period: Duration,
 ) -> Result<Vec<WorkerStatus>, String> {
     let deadline = Instant::now() + patience;
+    let mut said = false;
     loop {
         let workers = status(admin).await?;
         if workers
@@ -507,8 +557,33 @@ async fn wait_all_routable(
         {
             return Ok(workers);
         }
+        let unsettled: Vec<&str> = workers
+            .iter()
+            .filter(|w| w.routable && !settled(w))
+            .map(|w| w.id.as_str())
+            .collect();
+        if !said && !unsettled.is_empty() {
+            eprintln!(
+                "waiting for {} to stay up for the agent's sentinel.stable_period ({}) after                  a restart, before the next injection",
+                unsettled.join(", "),
+                humantime::format_duration(stable_period)
+            );
+            said = true;
+        }
         if Instant::now() > deadline {
-            return Err(format!("workers not all ready after {patience:?}"));
+            return Err(format!(
+                "workers not all ready after {patience:?}{}",
+                if unsettled.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " ({} still within sentinel.stable_period = {}; give the agent a \
+                         shorter one, or the drill a longer --patience)",
+                        unsettled.join(", "),
+                        humantime::format_duration(stable_period)
+                    )
+                }
+            ));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -562,7 +637,7 @@ fn print_table(reports: &[FaultReport]) {
     let fmt = |p: Option<Percentiles>| {
         p.map_or("-".to_string(), |p| format!("{:.1} / {:.1}", p.p50, p.p99))
     };
-    println!(
+    say!(
         "{:<15} {:>5} {:>9} {:>22} {:>22} {:>24} {:>9} {:>7} {:>16} {:>10}",
         "fault",
         "n",
@@ -576,7 +651,7 @@ fn print_table(reports: &[FaultReport]) {
         "collateral"
     );
     for r in reports {
-        println!(
+        say!(
             "{:<15} {:>5} {:>9} {:>19} ms {:>19} ms {:>21} ms {:>9} {:>7} {:>16} {:>10}",
             r.fault,
             r.injections,

@@ -11,6 +11,7 @@ mod drill;
 mod exit;
 mod logging;
 mod ops;
+mod say;
 mod shim;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -38,6 +39,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Inject faults into a running agent's workers under load and report
     /// detection and recovery times (needs test workers and the fake GPU backend).
+    #[command(long_about = drill::ABOUT)]
     Drill(drill::DrillArgs),
     /// List the nodes of a service: id, zone, state, weight, models, in-flight, version.
     Nodes(ops::nodes::NodesArgs),
@@ -55,7 +57,11 @@ enum Command {
     /// recommended count by ceil(busy / target × nodes) with up/down windows.
     Scale(ops::scale::ScaleArgs),
     /// Print the version.
-    Version,
+    Version {
+        /// As one JSON object (`{"name": "infermesh", "version": "..."}`).
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script, e.g.
     /// `infermesh completions bash > /etc/bash_completion.d/infermesh`.
     Completions {
@@ -111,8 +117,15 @@ fn main() {
             );
             exit::OK
         }
-        Command::Version => {
-            println!("infermesh {}", env!("CARGO_PKG_VERSION"));
+        Command::Version { json } => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "name": "infermesh", "version": env!("CARGO_PKG_VERSION") })
+                );
+            } else {
+                println!("infermesh {}", env!("CARGO_PKG_VERSION"));
+            }
             exit::OK
         }
     };

@@ -42,10 +42,11 @@ use crate::config::{
     DEFAULT_BUDGET_PER_SEC, DEFAULT_BUDGET_RATIO, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
     DEFAULT_REGISTRY, DEFAULT_SERVICE,
 };
-use crate::discovery::{self, Discovery, Membership};
+use crate::discovery::{self, Discovery, Membership, Source};
 use crate::paths::{Fallback, PathError, PathsConfig, Peer, Transport};
 use crate::retry_budget::RetryBudget;
 use crate::verdict::{Verdict, classify};
+use infermesh_transport::Path;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,15 @@ pub enum ClientError {
         service: String,
         /// Why.
         detail: String,
+    },
+    /// The registry cannot be read (nothing listens there, refused, timed
+    /// out) and no membership was read before.
+    #[error("registry {registry} is unreachable: {reason}")]
+    RegistryUnreachable {
+        /// The registry URL.
+        registry: String,
+        /// Its last error.
+        reason: String,
     },
     /// No node of the service serves the model: none advertises it as
     /// ready, or every one that did answered `NOT_FOUND`.
@@ -96,7 +106,9 @@ impl ClientError {
     pub fn code(&self) -> Code {
         match self {
             ClientError::Registry(_) => Code::InvalidArgument,
-            ClientError::NoNode { .. } => Code::Unavailable,
+            ClientError::NoNode { .. } | ClientError::RegistryUnreachable { .. } => {
+                Code::Unavailable
+            }
             ClientError::ModelNotFound { .. } => Code::NotFound,
             ClientError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             ClientError::Status(s) => s.code(),
@@ -233,7 +245,10 @@ impl ClientBuilder {
     }
 
     /// Starts discovery and returns the client. With ZooKeeper, membership
-    /// arrives in the background; calls before it fail with [`ClientError::NoNode`].
+    /// arrives in the background; a call before it waits for the registry's
+    /// first membership within its deadline, and fails with
+    /// [`ClientError::RegistryUnreachable`] (naming the registry) if the
+    /// registry could not be read by then.
     pub async fn build(self) -> Result<Client, ClientError> {
         let url: RegistryUrl = self.registry.parse()?;
         let discovery = discovery::open(&url, &self.service);
@@ -292,6 +307,18 @@ pub struct NodeStats {
     pub in_flight: u64,
     /// When the last attempt was sent, milliseconds since the Unix epoch.
     pub last_attempt_unix_ms: u64,
+}
+
+/// A call's answer, with who answered and how it travelled.
+#[derive(Debug, Clone)]
+pub struct Answered {
+    /// The response.
+    pub response: ModelInferResponse,
+    /// The node that gave it.
+    pub node: String,
+    /// The transport path that carried it, when the transport says (the
+    /// [`Fallback`] ladder does; a transport of one's own may not).
+    pub path: Option<Path>,
 }
 
 /// Everything the balancer layer changes, under one lock.
@@ -510,6 +537,30 @@ impl Stack {
         }
     }
 
+    /// Whether discovery has not read the registry yet (it may be
+    /// connecting, or retrying one that is unreachable).
+    fn registry_pending(&self) -> bool {
+        self.membership.borrow().source == Source::Empty
+    }
+
+    /// Waits up to `patience` for discovery's first membership and feeds it
+    /// to the balancer; whether it came.
+    async fn wait_for_registry(&self, patience: Duration) -> bool {
+        let mut rx = self.membership.clone();
+        let heard =
+            tokio::time::timeout(patience, rx.wait_for(|m| m.source != Source::Empty)).await;
+        match heard {
+            Ok(Ok(m)) => {
+                let m = m.clone();
+                // The follower applies it too; applying is idempotent, and
+                // the pick that follows must see it.
+                self.apply(&m);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn no_node(&self, e: PickError, model: Option<&str>) -> ClientError {
         let service = self.config.service.clone();
         match (e, model) {
@@ -518,10 +569,24 @@ impl Stack {
                 model: model.to_string(),
                 known: known_models(&self.membership.borrow().nodes),
             },
-            (PickError::NoNodes, _) => ClientError::NoNode {
-                service,
-                detail: "no node is registered".into(),
-            },
+            (PickError::NoNodes, _) => {
+                let m = self.membership.borrow().clone();
+                let registry = self.config.registry.clone();
+                match (&m.unreachable, m.source) {
+                    (Some(reason), _) => ClientError::RegistryUnreachable {
+                        registry,
+                        reason: reason.clone(),
+                    },
+                    (None, Source::Empty) => ClientError::NoNode {
+                        service,
+                        detail: format!("the registry {registry} has not answered yet"),
+                    },
+                    (None, _) => ClientError::NoNode {
+                        service,
+                        detail: "no node is registered".into(),
+                    },
+                }
+            }
             _ => {
                 let known = self.lock().peers.len();
                 ClientError::NoNode {
@@ -626,6 +691,12 @@ impl Client {
         &self,
         req: ModelInferRequest,
     ) -> Result<(ModelInferResponse, String), ClientError> {
+        self.infer_answered(req).await.map(|a| (a.response, a.node))
+    }
+
+    /// [`Client::infer_on`], with the transport path that carried the
+    /// answer as well.
+    pub async fn infer_answered(&self, req: ModelInferRequest) -> Result<Answered, ClientError> {
         // A span per call (and one per attempt below): with an OpenTelemetry
         // layer installed, each attempt carries `traceparent` (crate::trace).
         let span = tracing::info_span!(
@@ -636,10 +707,7 @@ impl Client {
         self.infer_traced(req).instrument(span).await
     }
 
-    async fn infer_traced(
-        &self,
-        req: ModelInferRequest,
-    ) -> Result<(ModelInferResponse, String), ClientError> {
+    async fn infer_traced(&self, req: ModelInferRequest) -> Result<Answered, ClientError> {
         let stack = &*self.stack;
         let config = &stack.config;
         let start = now();
@@ -676,6 +744,15 @@ impl Client {
                     });
                 }
                 (Err(_), Some(status)) => return Err(ClientError::Status(status)),
+                // The registry has not been read yet (connecting, or
+                // unreachable so far): wait for it within the deadline, then
+                // pick again; past the deadline the error says which.
+                (Err(PickError::NoNodes), None) if stack.registry_pending() => {
+                    if stack.wait_for_registry(left).await {
+                        continue;
+                    }
+                    return Err(stack.no_node(PickError::NoNodes, model));
+                }
                 (Err(e), None) => return Err(stack.no_node(e, model)),
             };
             let node = guard.node().to_string();
@@ -702,7 +779,14 @@ impl Client {
             let retry =
                 |stack: &Stack| more && now() < deadline && stack.lock().budget.try_retry(now());
             match result {
-                Attempt::Done(resp) => return Ok((resp.into_inner(), node)),
+                Attempt::Done(resp) => {
+                    let path = resp.extensions().get::<Path>().copied();
+                    return Ok(Answered {
+                        response: resp.into_inner(),
+                        node,
+                        path,
+                    });
+                }
                 Attempt::ModelMissing(status) => {
                     if let Some(model) = model {
                         stack.lock().balancer.model_missing(&node, model);

@@ -48,7 +48,7 @@ mod retry_budget;
 pub mod trace;
 mod verdict;
 
-pub use client::{Client, ClientBuilder, ClientError, NodeStats};
+pub use client::{Answered, Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;
 pub use paths::{Fallback, PathError, PathsConfig, Peer, Transport};
 pub use rdma_path::{RdmaPath, RdmaPathError};

@@ -517,7 +517,10 @@ impl Transport for Fallback {
                         .map_or(Path::Grpc, |r| r.path())
                 };
                 match rung.call(peer, req, timeout).await {
-                    Ok(resp) => {
+                    Ok(mut resp) => {
+                        // Which path carried it, for callers that report it
+                        // (`Client::infer_answered`).
+                        resp.extensions_mut().insert(path);
                         let mut ladder = self.ladder();
                         if let Some(broken) = suspect {
                             ladder.on_failure(node, broken, now());

@@ -84,11 +84,7 @@ pub(crate) fn classify(status: Status) -> (Outcome, Verdict) {
 pub(crate) fn connection_failed(status: &Status) -> Status {
     let mut message = status.message().to_string();
     for e in chain(std::error::Error::source(status)).take(8) {
-        let text = e.to_string();
-        if !message.contains(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
+        infermesh_proto::causes::append(&mut message, &e.to_string());
     }
     Status::unavailable(message)
 }

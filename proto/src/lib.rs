@@ -21,6 +21,7 @@
 //! `bytes::Bytes`, so forwarding them does not copy.
 #![forbid(unsafe_code)]
 
+pub mod causes;
 pub mod channel;
 pub mod load;
 pub mod quic;

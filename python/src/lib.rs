@@ -60,7 +60,7 @@ create_exception!(
     infermesh,
     UnavailableError,
     InfermeshError,
-    "No node could take the call: none known, all draining or ejected, or every node tried was down."
+    "No node could take the call: none known (or the registry is unreachable), all draining or ejected, or every node tried was down."
 );
 create_exception!(
     infermesh,
@@ -141,7 +141,9 @@ fn to_py_err(py: Python<'_>, e: &ClientError) -> PyErr {
     };
     let err = match e {
         ClientError::Registry(_) => RegistryError::new_err(msg),
-        ClientError::NoNode { .. } => UnavailableError::new_err(msg),
+        ClientError::NoNode { .. } | ClientError::RegistryUnreachable { .. } => {
+            UnavailableError::new_err(msg)
+        }
         ClientError::ModelNotFound { .. } => ModelNotFoundError::new_err(msg),
         ClientError::DeadlineExceeded { .. } => DeadlineExceededError::new_err(msg),
         ClientError::BadResponse(_) => ServerError::new_err(msg),

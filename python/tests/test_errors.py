@@ -68,6 +68,20 @@ def test_no_reachable_node_raises_unavailable() -> None:
         assert e.value.code == "UNAVAILABLE"
 
 
+def test_an_unreachable_registry_is_named() -> None:
+    # Nothing listens there: the error says the registry is unreachable and
+    # names it, not that no node is registered.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    registry = f"zk://127.0.0.1:{port}/infermesh"
+    with infermesh.Client(registry, deadline=2) as client:
+        with pytest.raises(infermesh.UnavailableError) as e:
+            client.infer("dense", {"INPUT0": X})
+    assert e.value.code == "UNAVAILABLE"
+    assert "unreachable" in str(e.value) and registry in str(e.value), str(e.value)
+
+
 def test_an_empty_service_raises_unavailable() -> None:
     registry = env("INFERMESH_REGISTRY")
     with infermesh.Client(registry, service="nobody-registers-this") as client:

@@ -209,3 +209,32 @@ async fn static_registry_and_fail_fast() {
         "bad URL is refused"
     );
 }
+
+/// Finding (issue 27): with nothing listening at the registry, a call said
+/// "no node registered for the service". It now says the registry is
+/// unreachable, and names it.
+#[tokio::test]
+async fn an_unreachable_registry_is_named() {
+    let [port] = infermesh_tests::free_ports();
+    let registry = format!("zk://127.0.0.1:{port}/im");
+    let client = Client::builder()
+        .registry(registry.clone())
+        .deadline(std::time::Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let err = client
+        .infer(dense::request(&dense::input(1, 0), true))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::RegistryUnreachable { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("registry {registry} is unreachable")),
+        "{text}"
+    );
+}

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::fleet::Injection;
 use super::load::{Failure, Success, by_code, histogram};
+use crate::say::say;
 
 /// What the summary is computed from.
 pub struct Inputs<'a> {
@@ -305,12 +306,14 @@ fn opt_ms(v: Option<f64>) -> String {
 
 /// Prints the summary for people.
 pub fn print(s: &Summary) {
-    println!();
-    println!(
+    say!();
+    say!(
         "== summary: {:.1} s, {} callers, registry {}",
-        s.duration_s, s.concurrency, s.registry
+        s.duration_s,
+        s.concurrency,
+        s.registry
     );
-    println!(
+    say!(
         "requests {}  failed {}  {:.0} req/s  latency p50 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
         s.requests,
         s.failed,
@@ -320,7 +323,7 @@ pub fn print(s: &Summary) {
         s.latency_ms.max
     );
     for (code, n) in &s.failed_by_code {
-        println!("  failed with {code}: {n}");
+        say!("  failed with {code}: {n}");
     }
     let mut head = format!(
         "{:<18} {:>8} {:>8} {:>7}",
@@ -329,7 +332,7 @@ pub fn print(s: &Summary) {
     for p in &s.phases {
         head.push_str(&format!(" {:>18}", p.name));
     }
-    println!("{head}");
+    say!("{head}");
     for n in &s.nodes {
         let mut line = format!(
             "  {:<16} {:>7.1}% {:>8} {:>7}",
@@ -341,25 +344,27 @@ pub fn print(s: &Summary) {
         for p in &s.phases {
             line.push_str(&format!(" {:>17.1}%", p.share[n.node] * 100.0));
         }
-        println!("{line}");
+        say!("{line}");
     }
     if let Some(c) = &s.crash {
-        println!(
+        say!(
             "crash: cuda-crash into {}/{} at {:.1} s",
-            c.node, c.worker, c.at_s
+            c.node,
+            c.worker,
+            c.at_s
         );
-        println!(
+        say!(
             "  agent event log: stopped routing to it after {}, routed to it again after {}",
             opt_ms(c.agent_stop_routing_ms),
             opt_ms(c.agent_resume_routing_ms)
         );
-        println!(
+        say!(
             "  client: first success on a remote node after {}, on {} again after {}",
             opt_ms(c.client_first_remote_success_ms),
             c.node,
             opt_ms(c.client_local_serving_again_ms)
         );
-        println!(
+        say!(
             "  client: {} attempt(s) on {} failed and were retried elsewhere; slowest request in the next 2 s: {}",
             c.failed_attempts_retried,
             c.node,
@@ -367,11 +372,13 @@ pub fn print(s: &Summary) {
         );
     }
     if let Some(d) = &s.slowdown {
-        println!(
+        say!(
             "slowdown: service time x10 on {}/{} at {:.1} s",
-            d.node, d.worker, d.at_s
+            d.node,
+            d.worker,
+            d.at_s
         );
-        println!(
+        say!(
             "  its share {:.1}% -> {:.1}% ({:.0}% of its traffic moved away); its p99 {} -> {}",
             d.share_before * 100.0,
             d.share_after * 100.0,
@@ -381,9 +388,9 @@ pub fn print(s: &Summary) {
         );
     }
     if s.ok {
-        println!("result: OK, no request failed");
+        say!("result: OK, no request failed");
     } else {
-        println!("result: FAILED, {} request(s) failed", s.failed);
+        say!("result: FAILED, {} request(s) failed", s.failed);
     }
 }
 

@@ -35,10 +35,15 @@ pub struct Screen {
 }
 
 impl Screen {
-    /// Redraws in place when stdout is a terminal.
+    /// Redraws in place when its stream (stdout, stderr under `--json`)
+    /// is a terminal.
     pub fn new() -> Self {
         Screen {
-            tty: std::io::stdout().is_terminal(),
+            tty: if crate::say::stdout_is_json() {
+                std::io::stderr().is_terminal()
+            } else {
+                std::io::stdout().is_terminal()
+            },
             drawn: 0,
         }
     }
@@ -60,9 +65,9 @@ impl Screen {
         if !self.tty {
             out.push('\n');
         }
-        let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(out.as_bytes());
-        let _ = stdout.flush();
+        let mut human = crate::say::human();
+        let _ = human.write_all(out.as_bytes());
+        let _ = human.flush();
     }
 
     /// Prints lines below the table (the table is no longer redrawn over them).

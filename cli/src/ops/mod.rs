@@ -230,10 +230,16 @@ pub async fn read_registry(args: &RegistryArgs) -> Result<Vec<NodeRecord>, OpsEr
     )
     .await
     .map_err(|_| {
-        OpsError::unavailable(format!(
-            "registry {url_text} did not answer within {:?}",
-            args.connect_timeout
-        ))
+        let m = source.subscribe().borrow().clone();
+        match &m.unreachable {
+            Some(why) => {
+                OpsError::unavailable(format!("registry {url_text} is unreachable: {why}"))
+            }
+            None => OpsError::unavailable(format!(
+                "registry {url_text} did not answer within {:?}",
+                args.connect_timeout
+            )),
+        }
     })?
     .map_err(|_| OpsError::unavailable("registry watch ended"))?;
     Ok(live.nodes.clone())
@@ -390,16 +396,10 @@ pub async fn connect(
         Some(c) => endpoint.connect_with_connector(c).await,
     };
     let channel = connected.map_err(|e| {
-        use std::error::Error;
         // The TLS failure (unknown CA, wrong name) is the source's source.
-        let mut why = e.to_string();
-        let mut source = e.source();
-        while let Some(s) = source {
-            why = format!("{why}: {s}");
-            source = s.source();
-        }
         OpsError::unavailable(format!(
-            "cannot reach the agent's admin address {admin}: {why}"
+            "cannot reach the agent's admin address {admin}: {}",
+            infermesh_proto::causes::causes(&e)
         ))
     })?;
     Ok(AdminClient::with_interceptor(channel, token))
