@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 # on a fresh Debian machine (as root) if missing.
 if ! command -v cmake >/dev/null 2>&1 || ! command -v clang >/dev/null 2>&1; then
   sudo_=""; [ "$(id -u)" = 0 ] || sudo_=sudo
-  $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq cmake clang libclang-dev
+  # To stderr, as the build's output: with --json, stdout is the demo's JSON only.
+  { $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq cmake clang libclang-dev; } >&2
 fi
-cargo build --locked --release -p infermesh -p infermesh-testworker
+cargo build --locked --release -p infermesh -p infermesh-testworker >&2
 exec target/release/infermesh demo "$@"
