@@ -121,6 +121,8 @@ pub struct Run {
     good_share: usize,
     /// A header block staged without END_HEADERS: its stream, END_STREAM.
     open_block: Option<(u32, bool)>,
+    /// Raw bytes were sent: which streams the client opened is unknown.
+    lost: bool,
 }
 
 /// Limits drawn from the input: small, so that every bound is reached.
@@ -217,6 +219,7 @@ impl Run {
             server_go_away: false,
             good_share: 0,
             open_block: None,
+            lost: false,
         };
         if polite || input.below(16) != 0 {
             run.stage_raw(wire::PREFACE);
@@ -350,6 +353,12 @@ impl Run {
         let bytes: Vec<u8> = self.staged.drain(..n).collect();
         self.inbuf.extend_from_slice(&bytes);
         self.fed += n as u64;
+        if std::env::var_os("HARNESS_TRACE").is_some() {
+            eprintln!(
+                "  deliver {n} bytes: {:02x?}",
+                &bytes[..bytes.len().min(300)]
+            );
+        }
         let mut wake = Vec::new();
         self.conn.on_read(&mut self.inbuf, self.now, &mut wake);
         let consumed = self.fed - self.inbuf.len() as u64;
@@ -369,7 +378,7 @@ impl Run {
             Mark::Headers { id, .. } => {
                 if id % 2 == 1 && id > self.max_processed {
                     self.max_processed = id;
-                    self.out.peer_max_id = id;
+                    self.out.peer_max_id = self.out.peer_max_id.max(id);
                     self.streams.entry(id).or_default().handler = Handler::Pending;
                 }
             }
@@ -409,12 +418,20 @@ impl Run {
         self.out_seen -= n;
         let mut wake = Vec::new();
         self.conn.on_written(&mut wake);
+        // Data waiting for room in the write buffer may now leave, one
+        // more DATA frame header per stream.
+        self.budget += 9 * (1 + self.streams.len() as u64);
     }
 
     fn accept(&mut self) {
         while let Some((id, req)) = self.conn.accept() {
             let polite = self.polite;
+            let lost = self.lost;
             let s = self.streams.entry(id).or_default();
+            if lost && s.handler == Handler::Unopened {
+                // Opened by frames the model did not follow.
+                s.handler = Handler::Pending;
+            }
             assert_eq!(
                 s.handler,
                 Handler::Pending,

@@ -97,6 +97,13 @@ impl Run {
     /// Stages raw bytes (no frame the model can follow).
     pub(super) fn stage_raw(&mut self, bytes: &[u8]) {
         self.open_block = None;
+        if self.staged_total > 0 {
+            // Past the preface, raw bytes may hold frames (or shift the
+            // frames after them): the model no longer knows which streams
+            // the client opened.
+            self.lost = true;
+            self.out.peer_max_id = wire::MAX_WINDOW as u32;
+        }
         self.staged.extend_from_slice(bytes);
         self.staged_total += bytes.len() as u64;
         self.marks.push_back((self.staged_total, Mark::Nothing));
@@ -230,20 +237,27 @@ impl Run {
                 let end_stream = input.below(3) == 0;
                 let mut flags = if end_stream { wire::END_STREAM } else { 0 };
                 let mut payload = Vec::new();
+                // The pad length and the padding agree, or (now and then)
+                // the padding is short: bad padding, a connection error.
                 let mut pad = 0;
                 if input.below(5) == 0 {
                     flags |= wire::PADDED;
-                    pad = input.below(300);
+                    pad = input.below(256);
                     payload.push(pad as u8);
                 }
-                payload.extend((0..len as u64).map(|k| body_byte(id, k)));
-                let room = payload.len().saturating_sub(1);
-                payload.extend(std::iter::repeat_n(0, pad.min(255).min(room + 40)));
-                let data = if flags & wire::PADDED != 0 {
-                    (payload.len() as u64).saturating_sub(1 + pad as u64)
+                // Bodies continue where the stream's last DATA ended, so
+                // that what a handler reads can be checked byte by byte.
+                let s = self.streams.entry(id).or_default();
+                let offset = s.body_sent;
+                s.body_sent += len as u64;
+                payload.extend((offset..offset + len as u64).map(|k| body_byte(id, k)));
+                let zeros = if input.below(8) == 0 {
+                    input.below(pad + 1)
                 } else {
-                    len as u64
+                    pad
                 };
+                payload.extend(std::iter::repeat_n(0, zeros));
+                let data = len as u64;
                 self.stage(
                     wire::DATA,
                     flags,
