@@ -20,7 +20,7 @@ fn open_and_reset(conn: &mut Conn, mut id: u32, n: usize, now: Instant) -> u32 {
 /// left the last streams, and then good requests, REFUSED_STREAM).
 #[test]
 fn a_stream_reset_before_its_request_is_taken_never_starts_and_frees_its_slot() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     let next = open_and_reset(&mut conn, 1, 300, t0());
     assert!(conn.failed().is_none());
     assert!(conn.accept().is_none(), "no handler runs");
@@ -100,9 +100,9 @@ fn streams_the_client_makes_this_side_reset_are_bounded() {
 /// nothing in bytes, so their number is bounded too.
 #[test]
 fn a_header_block_of_too_many_continuations_ends_the_connection() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     let mut bytes = frame(kind::HEADERS, 0, 1, &request_block());
-    for _ in 0..SETTINGS.limits.max_continuations() {
+    for _ in 0..settings().limits.max_continuations() {
         bytes.extend_from_slice(&frame(kind::CONTINUATION, 0, 1, &[]));
     }
     feed(&mut conn, &bytes);
@@ -115,7 +115,7 @@ fn a_header_block_of_too_many_continuations_ends_the_connection() {
     assert_eq!(goaways(&written(&mut conn)), [(0, code::ENHANCE_YOUR_CALM)]);
 }
 
-/// PING, SETTINGS, PRIORITY, unknown and empty DATA floods
+/// PING, settings(), PRIORITY, unknown and empty DATA floods
 /// (CVE-2019-9512, -9515, -9518) spend a budget that time refills, and a
 /// response sent gives a token back.
 #[test]
@@ -147,7 +147,7 @@ fn frames_that_carry_no_work_spend_a_budget() {
         feed_at(&mut conn, &flood, t0() + Duration::from_secs(1));
         assert_eq!(
             conn.failed(),
-            Some("too many frames that carry no work (SETTINGS, PING, PRIORITY, empty DATA)"),
+            Some("too many frames that carry no work (settings(), PING, PRIORITY, empty DATA)"),
             "{flood:?}"
         );
     }
@@ -178,7 +178,7 @@ fn responses_a_client_does_not_read_are_bounded_and_time_out() {
     assert!(conn.is_backlogged());
     // The clock starts when the bytes were queued.
     let due = conn.next_timeout().expect("a send timeout");
-    assert_eq!(due, t0() + SETTINGS.limits.send_timeout);
+    assert_eq!(due, t0() + settings().limits.send_timeout);
     conn.on_timeout(due - Duration::from_millis(1), &mut wake);
     assert_eq!(conn.open_streams(), 2);
     conn.on_timeout(due, &mut wake);
@@ -198,7 +198,7 @@ fn responses_a_client_does_not_read_are_bounded_and_time_out() {
 /// A stream that sends some bytes is timed from its last progress.
 #[test]
 fn a_stream_that_makes_progress_is_timed_from_its_last_bytes() {
-    let mut conn = settled(SETTINGS, &[(setting::INITIAL_WINDOW_SIZE, 10)]);
+    let mut conn = settled(settings(), &[(setting::INITIAL_WINDOW_SIZE, 10)]);
     let mut wake = Vec::new();
     open(&mut conn, 1, b"x");
     conn.accept().unwrap();
@@ -212,7 +212,7 @@ fn a_stream_that_makes_progress_is_timed_from_its_last_bytes() {
     );
     assert_eq!(
         conn.next_timeout(),
-        Some(later + SETTINGS.limits.send_timeout)
+        Some(later + settings().limits.send_timeout)
     );
 }
 
@@ -223,7 +223,7 @@ fn a_stream_that_makes_progress_is_timed_from_its_last_bytes() {
 #[test]
 fn a_graceful_goaway_is_two_phase() {
     for answered in [true, false] {
-        let mut conn = settled(SETTINGS, &[]);
+        let mut conn = settled(settings(), &[]);
         open(&mut conn, 1, b"a");
         conn.accept().unwrap();
         conn.go_away();
@@ -236,7 +236,7 @@ fn a_graceful_goaway_is_two_phase() {
             feed(&mut conn, &frame(kind::PING, flag::ACK, 0, &ping.payload));
         } else {
             let due = conn.next_timeout().unwrap();
-            assert_eq!(due, t0() + SETTINGS.limits.goaway_ping_timeout);
+            assert_eq!(due, t0() + settings().limits.goaway_ping_timeout);
             conn.on_timeout(due, &mut Vec::new());
         }
         assert_eq!(goaways(&written(&mut conn)), [(3, code::NO_ERROR)]);

@@ -14,30 +14,24 @@ use http::Method;
 
 const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
 
-const SETTINGS: Settings = Settings {
-    response_names: &["content-type", "grpc-status", "infermesh-busy"],
-    known_paths: &[MODEL_INFER_PATH],
-    limits: Limits {
-        max_concurrent_streams: 4,
-        stream_window: 1 << 20,
-        connection_window: 4 << 20,
-        max_header_list_size: 16 << 10,
-        reset_stream_burst: 1000,
-        reset_stream_rate: 33,
-        max_local_error_resets: 1024,
-        control_frame_burst: 1000,
-        control_frame_rate: 100,
-        stream_send_buffer: 4 << 20,
-        connection_send_buffer: 16 << 20,
-        write_buffer: 1 << 20,
-        send_timeout: Duration::from_secs(30),
-        goaway_ping_timeout: Duration::from_secs(1),
-    },
-};
+/// Settings with a small stream limit and windows; every other limit
+/// its default.
+fn settings() -> Settings {
+    Settings {
+        response_names: &["content-type", "grpc-status", "infermesh-busy"],
+        known_paths: &[MODEL_INFER_PATH],
+        limits: Limits {
+            max_concurrent_streams: 4,
+            stream_window: 1 << 20,
+            connection_window: 4 << 20,
+            ..Limits::default()
+        },
+    }
+}
 
-/// `SETTINGS` with other limits.
+/// [`settings`] with other limits.
 fn with(f: impl FnOnce(&mut Limits)) -> Settings {
-    let mut s = SETTINGS;
+    let mut s = settings();
     f(&mut s.limits);
     s
 }

@@ -4,7 +4,7 @@ use super::*;
 
 #[test]
 fn the_handshake_sends_settings_and_acknowledges_the_clients() {
-    let mut conn = Conn::new(SETTINGS, t0());
+    let mut conn = Conn::new(settings(), t0());
     let frames = written(&mut conn);
     assert_eq!(frames[0].kind, kind::SETTINGS);
     assert_eq!(frames[0].payload.len(), 18, "three settings");
@@ -25,21 +25,21 @@ fn the_handshake_sends_settings_and_acknowledges_the_clients() {
 
 #[test]
 fn a_client_that_does_not_speak_http2_is_dropped_without_goaway() {
-    let mut conn = Conn::new(SETTINGS, t0());
+    let mut conn = Conn::new(settings(), t0());
     written(&mut conn);
     feed(&mut conn, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(conn.failed().is_some());
     assert!(written(&mut conn).is_empty());
-    let mut conn = Conn::new(SETTINGS, t0());
+    let mut conn = Conn::new(settings(), t0());
     let mut bytes = BytesMut::from(frame::PREFACE);
     bytes.extend_from_slice(&frame(kind::PING, 0, 0, b"12345678"));
     feed(&mut conn, &bytes);
-    assert_eq!(conn.failed(), Some("the first frame was not SETTINGS"));
+    assert_eq!(conn.failed(), Some("the first frame was not settings()"));
 }
 
 #[test]
 fn a_request_is_accepted_read_and_answered_in_order() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     open(&mut conn, 1, b"hello");
     let (id, req) = conn.accept().expect("a request");
     assert_eq!(id, 1);
@@ -90,7 +90,7 @@ fn a_request_is_accepted_read_and_answered_in_order() {
 
 #[test]
 fn response_data_waits_for_the_clients_windows_and_trailers_wait_for_the_data() {
-    let mut conn = settled(SETTINGS, &[(setting::INITIAL_WINDOW_SIZE, 10)]);
+    let mut conn = settled(settings(), &[(setting::INITIAL_WINDOW_SIZE, 10)]);
     open(&mut conn, 1, b"x");
     conn.accept().unwrap();
     conn.send_head(1, 200, &HeaderMap::new(), false);
@@ -152,14 +152,14 @@ fn strings(status: Option<&str>, map: &HeaderMap) -> Vec<(String, String)> {
 }
 
 /// Response blocks add their names to the client's HPACK table only
-/// within the size its SETTINGS allow, after telling it the size: a
+/// within the size its settings() allow, after telling it the size: a
 /// decoder holding the client's 50 bytes reads every block of three
 /// responses (the server's table would otherwise overflow it, and the
 /// later references would miss).
 #[test]
 fn response_blocks_fill_the_clients_table_only_within_its_size() {
     for table in [50, 0, 4096] {
-        let mut conn = settled(SETTINGS, &[(setting::HEADER_TABLE_SIZE, table as u32)]);
+        let mut conn = settled(settings(), &[(setting::HEADER_TABLE_SIZE, table as u32)]);
         let head = fields(&[("content-type", "application/grpc")]);
         let mut want = Vec::new();
         let mut wake = Vec::new();
@@ -188,7 +188,7 @@ fn response_blocks_fill_the_clients_table_only_within_its_size() {
 /// encoded.
 #[test]
 fn trailers_that_wait_are_encoded_in_the_order_they_leave() {
-    let mut conn = settled(SETTINGS, &[(setting::INITIAL_WINDOW_SIZE, 10)]);
+    let mut conn = settled(settings(), &[(setting::INITIAL_WINDOW_SIZE, 10)]);
     let mut wake = Vec::new();
     let late = fields(&[("grpc-status", "0"), ("infermesh-busy", "0.1")]);
     let early = fields(&[("grpc-status", "0"), ("infermesh-busy", "0.2")]);
@@ -221,7 +221,7 @@ fn trailers_that_wait_are_encoded_in_the_order_they_leave() {
 
 #[test]
 fn a_client_reset_wakes_and_cancels_the_request() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     let mut bytes = headers(1, false);
     bytes.extend_from_slice(&frame(kind::DATA, 0, 1, b"part"));
     feed(&mut conn, &bytes);
@@ -282,24 +282,24 @@ fn window_and_framing_violations_are_answered_as_the_rfc_says() {
     assert!(conn.failed().is_none());
     assert_eq!(resets(&written(&mut conn)), [(1, code::FLOW_CONTROL_ERROR)]);
     // A header block that never ends: the connection.
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &frame(kind::HEADERS, 0, 1, &request_block()));
     for _ in 0..8 {
         feed(&mut conn, &frame(kind::CONTINUATION, 0, 1, &[0u8; 16_000]));
     }
     assert_eq!(conn.failed(), Some("a header block too long"));
     // An even stream id, and a frame over the size limit.
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &headers(2, false));
     assert!(conn.failed().is_some());
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &frame(kind::DATA, 0, 1, &vec![0u8; 20_000]));
     assert_eq!(conn.failed(), Some("a frame over the maximum size"));
 }
 
 #[test]
 fn pings_are_answered_and_our_pings_matched() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &frame(kind::PING, 0, 0, b"abcdefgh"));
     let frames = written(&mut conn);
     assert_eq!((frames[0].kind, frames[0].flags), (kind::PING, flag::ACK));
@@ -325,7 +325,7 @@ fn frames_on_an_idle_stream_are_a_connection_error() {
         (kind::RST_STREAM, &code::CANCEL.to_be_bytes()[..]),
         (kind::DATA, &b"x"[..]),
     ] {
-        let mut conn = settled(SETTINGS, &[]);
+        let mut conn = settled(settings(), &[]);
         feed(&mut conn, &frame(kind, 0, 1, payload));
         assert!(conn.failed().is_some(), "kind {kind}");
         assert_eq!(
@@ -341,7 +341,7 @@ fn frames_on_an_idle_stream_are_a_connection_error() {
 #[test]
 fn frames_after_the_clients_end_stream_are_stream_closed() {
     for late in [headers(1, true), frame(kind::DATA, 0, 1, b"x")] {
-        let mut conn = settled(SETTINGS, &[]);
+        let mut conn = settled(settings(), &[]);
         open(&mut conn, 1, b"body");
         conn.accept().unwrap();
         feed(&mut conn, &late);
@@ -364,7 +364,7 @@ fn frames_on_closed_streams_are_stream_closed_and_lower_ids_a_protocol_error() {
         (frame(kind::DATA, 0, 1, b"x"), false),
     ] {
         for handler_done in [false, true] {
-            let mut conn = settled(SETTINGS, &[]);
+            let mut conn = settled(settings(), &[]);
             feed(&mut conn, &headers(1, false));
             let (id, _) = conn.accept().unwrap();
             feed(&mut conn, &reset);
@@ -380,7 +380,7 @@ fn frames_on_closed_streams_are_stream_closed_and_lower_ids_a_protocol_error() {
         }
     }
     // Both sides ended: DATA is STREAM_CLOSED.
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     open(&mut conn, 1, b"x");
     conn.accept().unwrap();
     answer(&mut conn, 1);
@@ -388,7 +388,7 @@ fn frames_on_closed_streams_are_stream_closed_and_lower_ids_a_protocol_error() {
     feed(&mut conn, &frame(kind::DATA, 0, 1, b"x"));
     assert_eq!(resets(&written(&mut conn)), [(1, code::STREAM_CLOSED)]);
     // Stream 3 skipped, then opened after 5.
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &headers(5, true));
     feed(&mut conn, &headers(3, true));
     assert!(conn.failed().is_some());
@@ -399,7 +399,7 @@ fn frames_on_closed_streams_are_stream_closed_and_lower_ids_a_protocol_error() {
 /// they are ignored (RFC 9113 5.1), and DATA's window is given back.
 #[test]
 fn frames_on_a_stream_this_side_reset_are_ignored() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &headers(1, false));
     let (id, _) = conn.accept().unwrap();
     // The response is complete before the request: RST_STREAM(NO_ERROR).
@@ -418,13 +418,13 @@ fn frames_on_a_stream_this_side_reset_are_ignored() {
 /// depends on itself (PRIORITY or HEADERS) a stream error PROTOCOL_ERROR.
 #[test]
 fn priority_fields_are_checked() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &frame(kind::PRIORITY, 0, 0, &[0, 0, 0, 1, 16]));
     assert_eq!(goaways(&written(&mut conn)), [(0, code::PROTOCOL_ERROR)]);
 
     // On open streams (on an idle one, RST_STREAM may not be sent: a
     // connection error, tests/regressions.rs).
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &headers(1, false));
     feed(&mut conn, &headers(3, false));
     feed(
@@ -462,7 +462,7 @@ fn priority_fields_are_checked() {
 /// connection error.
 #[test]
 fn a_zero_window_increment_is_a_protocol_error() {
-    let mut conn = settled(SETTINGS, &[]);
+    let mut conn = settled(settings(), &[]);
     feed(&mut conn, &headers(1, false));
     conn.accept().unwrap();
     feed(&mut conn, &frame(kind::WINDOW_UPDATE, 0, 1, &[0; 4]));
@@ -482,7 +482,7 @@ fn a_content_length_the_data_disagrees_with_is_malformed() {
     };
     // Too little, too much, and exactly right.
     for (declared, sent, ok) in [("10", 4, false), ("3", 4, false), ("4", 4, true)] {
-        let mut conn = settled(SETTINGS, &[]);
+        let mut conn = settled(settings(), &[]);
         let mut bytes = with_length(declared);
         bytes.extend_from_slice(&frame(kind::DATA, flag::END_STREAM, 1, &vec![1; sent]));
         feed(&mut conn, &bytes);
@@ -503,7 +503,7 @@ fn request_trailers_that_break_the_rules_reset_the_stream() {
         (flag::END_HEADERS, Vec::new()),
         (flag::END_HEADERS | flag::END_STREAM, pseudo),
     ] {
-        let mut conn = settled(SETTINGS, &[]);
+        let mut conn = settled(settings(), &[]);
         feed(&mut conn, &headers(1, false));
         conn.accept().unwrap();
         feed(&mut conn, &frame(kind::HEADERS, flags, 1, &block));
