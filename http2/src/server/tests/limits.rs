@@ -147,7 +147,7 @@ fn frames_that_carry_no_work_spend_a_budget() {
         feed_at(&mut conn, &flood, t0() + Duration::from_secs(1));
         assert_eq!(
             conn.failed(),
-            Some("too many frames that carry no work (settings(), PING, PRIORITY, empty DATA)"),
+            Some("too many frames that carry no work (SETTINGS, PING, PRIORITY, empty DATA)"),
             "{flood:?}"
         );
     }
@@ -159,11 +159,11 @@ fn frames_that_carry_no_work_spend_a_budget() {
 /// send timeout the waiting streams are reset and what they held dropped.
 #[test]
 fn responses_a_client_does_not_read_are_bounded_and_time_out() {
-    let settings = with(|l| {
+    let small = with(|l| {
         l.stream_send_buffer = 100;
         l.connection_send_buffer = 150;
     });
-    let mut conn = settled(settings, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
+    let mut conn = settled(small, &[(setting::INITIAL_WINDOW_SIZE, 0)]);
     let mut wake = Vec::new();
     let waker = noop();
     for id in [1, 3] {

@@ -34,7 +34,7 @@ fn a_client_that_does_not_speak_http2_is_dropped_without_goaway() {
     let mut bytes = BytesMut::from(frame::PREFACE);
     bytes.extend_from_slice(&frame(kind::PING, 0, 0, b"12345678"));
     feed(&mut conn, &bytes);
-    assert_eq!(conn.failed(), Some("the first frame was not settings()"));
+    assert_eq!(conn.failed(), Some("the first frame was not SETTINGS"));
 }
 
 #[test]
