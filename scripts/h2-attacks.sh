@@ -8,11 +8,12 @@
 #
 # Per attack and server: the good client's p99 and errors during the attack
 # beside its quiet p99, the server's CPU seconds after the attack's first
-# second (/proc/PID/stat), its RSS before and after, and when (and how) the
+# second (/proc/PID/stat) beside what the good client alone costs it over
+# the same time, its RSS before and after, and when (and how) the
 # connection was closed. One JSON line each, then the table for
 # docs/HARDENING.md.
 #
-#   scripts/h2-attacks.sh                          # all attacks, ~8 min
+#   scripts/h2-attacks.sh                          # all attacks, ~10 min
 #   ATTACK_DURATION=5s ATTACKS="rapid-reset ping-flood" scripts/h2-attacks.sh
 #   SERVERS=agent scripts/h2-attacks.sh            # the agent only
 #   AGENT_BIN=/old/target/release scripts/h2-attacks.sh
@@ -73,8 +74,16 @@ results=$work/results.jsonl
 for server in $servers; do
   kind=agent
   [ "$server" = nghttpd ] && kind=web
+  # The good client alone for as long as an attack: its p99, and what
+  # serving it costs the server (the CPU column's baseline).
   start "$server"
-  quiet=$(good "$server" 5s)
+  good "$server" "$duration" >"$work/quiet.json" &
+  gpid=$!
+  sleep 1
+  cpu1=$(cpu "$pid")
+  wait "$gpid"
+  cpu2=$(cpu "$pid")
+  quiet=$(python3 -c 'import json,sys; q=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); q["cpu_s_after_first_s"]=round(float(sys.argv[3])-float(sys.argv[2]),2); print(json.dumps(q))' "$work/quiet.json" "$cpu1" "$cpu2")
   stop
   for attack in $attacks; do
     start "$server"
@@ -86,8 +95,10 @@ for server in $servers; do
     sleep 1
     cpu1=$(cpu "$pid")
     wait "$apid"
-    cpu2=$(cpu "$pid")
+    # Until the good client's end (the attack may end sooner): the same
+    # interval as the baseline's.
     wait "$gpid"
+    cpu2=$(cpu "$pid")
     rss1=$(rss_mib "$pid")
     line=$(python3 - "$server" "$attack" "$cpu1" "$cpu2" "$rss0" "$rss1" "$work/attack.json" "$work/good.json" "$quiet" <<'PY'
 import json, sys
@@ -111,8 +122,8 @@ python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
-print("| attack | server | good client p99 quiet → during (errors/requests) | CPU s after 1st s | RSS MiB before → after | connection |")
-print("|---|---|---|---|---|---|")
+print("| attack | server | good client p99 quiet → during | good client errors | server CPU s after 1st s (good client alone) | RSS MiB before → after | connection |")
+print("|---|---|---|---|---|---|---|")
 for r in rows:
     rep, good, quiet = r["report"], r["good"], r["quiet"]
     g = rep["goaway"]
@@ -131,6 +142,7 @@ for r in rows:
     if rep["note"] and not rep["note"].endswith("steps") and "writes blocked" not in rep["note"]:
         conn += f'; {rep["note"]}'
     print(f'| {r["attack"]} | {r["server"]} | {quiet["latency_ms"]["p99"]:.2f} → {good["latency_ms"]["p99"]:.2f} ms '
-          f'({good["errors"]}/{good["requests"]}) | {r["cpu_s_after_first_s"]:.2f} | '
+          f'| {good["errors"]} of {good["requests"] + good["errors"]} | '
+          f'{r["cpu_s_after_first_s"]:.2f} ({quiet["cpu_s_after_first_s"]:.2f}) | '
           f'{r["rss_mib"][0]:.1f} → {r["rss_mib"][1]:.1f} | {conn} |')
 PY
