@@ -182,7 +182,12 @@ impl AgentBuilder {
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
             .arg("--admin-token-file")
             .arg(&token_file)
-            .env("RUST_LOG", "info")
+            // INFERMESH_TEST_AGENT_LOG sets the agents' filter when debugging
+            // a test (e.g. `info,infermesh_agent::pool=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("INFERMESH_TEST_AGENT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("agent.out")).unwrap())
             .stderr(std::fs::File::create(&log).unwrap());

@@ -48,6 +48,10 @@ struct Args {
     /// without Triton's shared-memory extension (the agent then copies).
     #[arg(long)]
     no_shm: bool,
+    /// Answer ModelConfig with UNIMPLEMENTED, like a server without Triton's
+    /// extension: it then does not say how many requests it runs at once.
+    #[arg(long)]
+    no_model_config: bool,
     /// Shared-memory regions one client connection may register (a small
     /// table lets tests fill it).
     #[arg(long, default_value_t = infermesh_transport::shm::DEFAULT_MAX_REGIONS_PER_OWNER)]
@@ -99,6 +103,7 @@ async fn main() {
         fault: args.fault,
         fault_after: args.fault_after,
         shm_rpcs: !args.no_shm,
+        model_config: !args.no_model_config,
         shm: infermesh_transport::shm::RegistryConfig {
             max_regions_per_owner: args.max_shm_regions,
             ..Default::default()

@@ -52,6 +52,11 @@ pub struct WorkerOptions {
     /// Whether the shared-memory RPCs are served; off, they answer
     /// UNIMPLEMENTED like a server without the extension.
     pub shm_rpcs: bool,
+    /// Whether `ModelConfig` is served (saying how many requests run at
+    /// once: `instance_group` count = `concurrency`); off, it answers
+    /// UNIMPLEMENTED like a server without Triton's extension, and the
+    /// agent must learn the worker's parallelism from its latencies.
+    pub model_config: bool,
 }
 
 impl Default for WorkerOptions {
@@ -65,6 +70,7 @@ impl Default for WorkerOptions {
             fault_after: 0,
             shm: RegistryConfig::default(),
             shm_rpcs: true,
+            model_config: true,
         }
     }
 }
@@ -398,6 +404,11 @@ impl infermesh_proto::GrpcInferenceService for TestWorker {
         req: Request<ModelConfigRequest>,
     ) -> Result<Response<ModelConfigResponse>, Status> {
         self.hang_if_hung().await;
+        if !self.opts.model_config {
+            return Err(Status::unimplemented(
+                "ModelConfig is not served (--no-model-config)",
+            ));
+        }
         let name = &req.get_ref().name;
         self.metadata(name)?;
         let (input, output) = Model::of(name).tensors();

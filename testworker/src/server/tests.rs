@@ -99,3 +99,33 @@ async fn unknown_fault_kind_is_invalid_argument() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(w.infer(request(None)).await.is_ok());
 }
+
+#[tokio::test]
+async fn model_config_says_the_slots_unless_turned_off() {
+    use infermesh_proto::GrpcInferenceService;
+    use infermesh_proto::inference::ModelConfigRequest;
+    let req = || {
+        Request::new(ModelConfigRequest {
+            name: "dense".into(),
+            version: String::new(),
+        })
+    };
+    let w = TestWorker::new(WorkerOptions {
+        concurrency: 4,
+        ..Default::default()
+    });
+    let config = w
+        .model_config(req())
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap();
+    assert_eq!(config.instance_group[0].count, 4);
+    let w = TestWorker::new(WorkerOptions {
+        model_config: false,
+        ..Default::default()
+    });
+    let err = w.model_config(req()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+}
