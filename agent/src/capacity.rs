@@ -1,56 +1,32 @@
-//! Live capacity (`weight = "auto"`): what each worker can serve, estimated
-//! from what it does, scaled by the health of its GPU and of the host.
-//! Sans-IO: every function takes `now` and the readings as arguments.
+//! Live capacity (`weight = "auto"`): what each worker can serve, as its
+//! adaptive concurrency limit measures it, scaled by the health of its GPU
+//! and of the host. Sans-IO: every function takes the readings as arguments.
 //!
-//! **Per worker.** A [`Meter`] integrates the worker's requests in flight
-//! over time (the agent holds a permit on the worker from dispatch to the
-//! last byte of the answer): every [`TICK`] the pool takes the completions
-//! `c` and the in-flight time `a` (request-seconds) of the tick. An
-//! [`Estimator`] keeps exponentially weighted sums `C`, `A` of them
-//! (half-life [`HALF_LIFE`]) and estimates
+//! **Per worker.** [`crate::concurrency`] learns how many requests the
+//! worker serves at once and its latency with nothing else in flight; their
+//! quotient is its capacity in requests per second (its throughput when
+//! saturated), whatever its `max_inflight`. It is known as soon as both
+//! are: the worker's own account of its parallelism (Triton's ModelConfig)
+//! is the starting point before load, the concurrency measured under load
+//! replaces it, and an idle worker keeps its last figures (an idle node is
+//! not a node without capacity; they are kept across restarts, too).
 //!
-//! ```text
-//! capacity = slots × C / A   requests per second
-//! ```
-//!
-//! `A / C` is the mean time a request holds a slot (service time), so this is
-//! slots ÷ mean service time; by Little's law it is also completions per
-//! second ÷ utilisation, where utilisation = mean requests in flight ÷ slots.
-//! With one slot that is exactly completions/s ÷ busy ratio (busy = share of
-//! the time with a request in flight).
-//!
-//! **Several slots.** The busy ratio alone underestimates a worker that
-//! serves several requests at once at low load: one request in flight makes
-//! it "busy" though it could take `max_inflight` of them, and the
-//! underestimate feeds itself (less traffic → still looks full). Dividing by
-//! the mean in flight ÷ `slots` (the worker's `max_inflight`, which the pool
-//! never exceeds) instead counts each free slot as free. It assumes the
-//! slots really run in parallel: when they do not (a worker that queues
-//! internally, or a GPU that slows down as it is shared), each request's
-//! service time grows with concurrency, `A / C` grows with it, and as load
-//! rises the estimate falls to the throughput measured at saturation, which
-//! is the true capacity. Nodes of one fleet configured alike are compared
-//! alike at every load, so their ratio holds even before saturation.
-//!
-//! **Before data and when idle.** Until a worker has [`MIN_COMPLETIONS`]
-//! (weighted) completions it has no estimate, and the node counts it at the
-//! per-slot mean of its measured workers (same host, same GPUs) × its slots,
-//! or at [`PRIOR_PER_SLOT`] × its slots when none is measured (10 ms per
-//! request, the order of GPU inference). The prior must be of the order of
-//! its measured peers': a fresh node advertising 1 among nodes advertising
-//! thousands would get one request in thousands and take minutes to be
-//! measured; one in the right order gets its share (ramped by the client's
-//! slow start) and, since the estimate does not depend on the load, is
-//! measured within a second or two. A tick without traffic changes nothing:
-//! the estimate holds instead of decaying to zero (an idle node is not a
-//! node without capacity), and is kept across worker restarts.
+//! **Before data.** A worker with no capacity yet counts at the mean capacity
+//! per unit of concurrency of the node's measured workers × its own
+//! concurrency (1 while unknown), or at [`PRIOR_PER_SLOT`] per unit on a node
+//! with none measured (10 ms per request, the order of GPU inference). The
+//! prior must be of the order of its measured peers': a fresh node
+//! advertising 1 among nodes advertising thousands would get one request in
+//! thousands and take minutes to be measured; one in the right order gets
+//! its share (ramped by the client's slow start) and is measured within a
+//! second or two.
 //!
 //! **Health.** The node's weight is the sum over ready workers of
 //! `capacity × gpu_factor(worker's GPU) × host_factor`; see [`gpu_factor`]
 //! and [`host_factor`] for each factor and why.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use infermesh_gpu::{GpuSample, GpuTelemetry, throttle};
 
@@ -72,22 +48,11 @@ impl From<f64> for Weight {
     }
 }
 
-/// How often the pool takes each worker's meter and the health readings.
+/// How often the capacity task reads the GPUs and the host.
 pub const TICK: Duration = Duration::from_secs(1);
 
-/// Half-life of the smoothing: a change of speed shows half after this much
-/// traffic (ticks without traffic do not count).
-pub const HALF_LIFE: Duration = Duration::from_secs(5);
-
-/// A tick longer than this means the agent was not running (its ticker
-/// fell that far behind): the tick's sample is dropped.
-pub const MAX_TICK: Duration = Duration::from_secs(3);
-
-/// Weighted completions a worker needs before its estimate is used.
-pub const MIN_COMPLETIONS: f64 = 8.0;
-
-/// Capacity counted per slot of a worker with no estimate on a node without
-/// any, in requests per second (10 ms per request).
+/// Capacity counted per unit of concurrency of a worker with no estimate on
+/// a node without any, in requests per second (10 ms per request).
 pub const PRIOR_PER_SLOT: f64 = 100.0;
 
 /// Factor applied while the GPU's clocks are cut for heat or power delivery.
@@ -107,119 +72,29 @@ pub const HOST_MEMORY_LOW: f64 = 0.05;
 /// some weight (faults, not pressure, take nodes out).
 pub const FACTOR_FLOOR: f64 = 0.25;
 
-/// What one worker did during a tick.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Sample {
-    /// Requests completed.
-    pub completions: u64,
-    /// Requests in flight integrated over the tick, in request-seconds.
-    pub in_flight_secs: f64,
-}
-
-/// Integrates one worker's requests in flight over time.
-#[derive(Debug, Default)]
-pub struct Meter {
-    in_flight: usize,
-    since: Option<Instant>,
-    sample: Sample,
-}
-
-impl Meter {
-    /// A request took a slot at `now`.
-    pub fn start(&mut self, now: Instant) {
-        self.advance(now);
-        self.in_flight += 1;
-    }
-
-    /// A request gave its slot back at `now` (completed, failed or cancelled:
-    /// any of them held the slot for that long).
-    pub fn finish(&mut self, now: Instant) {
-        self.advance(now);
-        self.in_flight = self.in_flight.saturating_sub(1);
-        self.sample.completions += 1;
-    }
-
-    /// A slot taken at `now` was given back without an answer (the request
-    /// failed or its caller had gone): its time counts, no completion.
-    pub fn cancel(&mut self, now: Instant) {
-        self.advance(now);
-        self.in_flight = self.in_flight.saturating_sub(1);
-    }
-
-    /// What happened since the last call, up to `now`.
-    pub fn take(&mut self, now: Instant) -> Sample {
-        self.advance(now);
-        std::mem::take(&mut self.sample)
-    }
-
-    fn advance(&mut self, now: Instant) {
-        if let Some(since) = self.since {
-            let dt = now.saturating_duration_since(since).as_secs_f64();
-            self.sample.in_flight_secs += dt * self.in_flight as f64;
-        }
-        self.since = Some(self.since.map_or(now, |s| s.max(now)));
-    }
-}
-
-/// One worker's smoothed capacity.
-#[derive(Debug, Clone, Default)]
-pub struct Estimator {
-    completions: f64,
-    in_flight_secs: f64,
-    estimate: Option<f64>,
-}
-
-impl Estimator {
-    /// Folds in one tick of `tick` length for a worker with `slots` slots.
-    pub fn observe(&mut self, sample: Sample, tick: Duration, slots: usize) {
-        if sample.completions == 0 && sample.in_flight_secs <= 0.0 {
-            // Idle: hold.
-            return;
-        }
-        if tick > MAX_TICK {
-            // The agent itself did not run for that long (SIGSTOP, a paused
-            // VM, starvation): requests it held in flight meanwhile seem to
-            // have taken the whole stall, which says nothing of the worker.
-            // Folded in, it would cut the estimate many times over, and the
-            // low weight would keep away the traffic that could correct it.
-            return;
-        }
-        let keep = 0.5f64.powf(tick.as_secs_f64() / HALF_LIFE.as_secs_f64());
-        self.completions = self.completions * keep + sample.completions as f64;
-        self.in_flight_secs = self.in_flight_secs * keep + sample.in_flight_secs;
-        if self.completions >= MIN_COMPLETIONS && self.in_flight_secs > 0.0 {
-            self.estimate = Some(slots.max(1) as f64 * self.completions / self.in_flight_secs);
-        }
-    }
-
-    /// Requests per second this worker can serve, once measured.
-    pub fn capacity(&self) -> Option<f64> {
-        self.estimate
-    }
-}
-
-/// The node's capacity: the sum over `workers` (each `(estimate, ready,
-/// health factor, slots)`) of the ready ones, unmeasured ones counted at the
-/// per-slot mean of the measured ones, or [`PRIOR_PER_SLOT`], × their slots.
+/// The node's capacity: the sum over `workers` (each `(capacity, ready,
+/// health factor, concurrency)`) of the ready ones, unmeasured ones counted
+/// at the mean capacity per unit of concurrency of the measured ones, or
+/// [`PRIOR_PER_SLOT`], × their concurrency.
 pub fn node_capacity<I>(workers: I) -> f64
 where
-    I: IntoIterator<Item = (Option<f64>, bool, f64, usize)>,
+    I: IntoIterator<Item = (Option<f64>, bool, f64, f64)>,
     I::IntoIter: Clone,
 {
     let workers = workers.into_iter();
-    let (sum, slots) = workers
+    let (sum, units) = workers
         .clone()
         .filter_map(|w| Some((w.0?, w.3)))
-        .fold((0.0, 0usize), |(s, n), (c, k)| (s + c, n + k));
-    let per_slot = if slots == 0 {
+        .fold((0.0, 0.0), |(s, n), (c, k)| (s + c, n + k.max(1e-9)));
+    let per_unit = if units <= 0.0 {
         PRIOR_PER_SLOT
     } else {
-        sum / slots as f64
+        sum / units
     };
     workers
         .filter(|w| w.1)
-        .map(|(estimate, _, factor, slots)| {
-            estimate.unwrap_or(per_slot * slots.max(1) as f64) * factor
+        .map(|(capacity, _, factor, concurrency)| {
+            capacity.unwrap_or(per_unit * concurrency.max(1.0)) * factor
         })
         .sum()
 }
@@ -332,17 +207,15 @@ pub fn host_factor(host: &HostSample) -> f64 {
 }
 
 /// The agent's capacity task (`weight = "auto"`): every [`TICK`], reads the
-/// GPUs and the host, and folds the tick into the pool's estimates. A worker
+/// GPUs and the host and sets each worker's health factor. A worker
 /// pinned to a GPU (`gpu = N`) takes that GPU's factor; one that is not
 /// takes the mean over the host's GPUs.
 pub async fn run(gpus: Arc<dyn GpuTelemetry>, pool: Arc<Pool>) {
     let devices = gpus.devices();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = Instant::now();
     loop {
         tick.tick().await;
-        let now = Instant::now();
         let per_gpu: Vec<(u32, f64)> = gpus
             .sample()
             .iter()
@@ -372,8 +245,7 @@ pub async fn run(gpus: Arc<dyn GpuTelemetry>, pool: Arc<Pool>) {
                 gpu * host
             })
             .collect();
-        pool.capacity_tick(now, now.saturating_duration_since(last), &health);
-        last = now;
+        pool.set_health(&health);
     }
 }
 
@@ -381,163 +253,27 @@ pub async fn run(gpus: Arc<dyn GpuTelemetry>, pool: Arc<Pool>) {
 mod tests {
     use super::*;
 
-    /// Drives a meter and estimator with a synthetic single-slot worker:
-    /// requests of `service` back to back with `gap` between them, for
-    /// `ticks` ticks. Returns the estimate.
-    fn run(
-        est: &mut Estimator,
-        slots: usize,
-        parallel: usize,
-        service: Duration,
-        gap: Duration,
-        ticks: u32,
-    ) {
-        let t0 = Instant::now();
-        let mut meter = Meter::default();
-        let mut t = t0;
-        for k in 1..=ticks {
-            let end = t0 + TICK * k;
-            while t + service <= end {
-                for _ in 0..parallel {
-                    meter.start(t);
-                }
-                t += service;
-                for _ in 0..parallel {
-                    meter.finish(t);
-                }
-                t += gap;
-            }
-            est.observe(meter.take(end), TICK, slots);
-        }
-    }
-
-    #[test]
-    fn one_slot_is_completions_over_busy_at_any_load() {
-        let ms = Duration::from_millis;
-        for gap in [ms(0), ms(10), ms(90)] {
-            let mut e = Estimator::default();
-            run(&mut e, 1, 1, ms(10), gap, 20);
-            let c = e.capacity().unwrap();
-            assert!((c - 100.0).abs() < 1.0, "gap {gap:?}: {c}");
-        }
-    }
-
-    #[test]
-    fn the_ratio_of_speeds_is_kept() {
-        let ms = Duration::from_millis;
-        let mut fast = Estimator::default();
-        let mut slow = Estimator::default();
-        run(&mut fast, 1, 1, ms(2), ms(3), 20);
-        run(&mut slow, 1, 1, ms(20), ms(1), 20);
-        let ratio = fast.capacity().unwrap() / slow.capacity().unwrap();
-        assert!((ratio - 10.0).abs() < 0.2, "{ratio}");
-    }
-
-    #[test]
-    fn several_slots_count_each_free_slot() {
-        // A 4-slot worker at low load (one request at a time) and at full
-        // load (four at a time): 4 / 10 ms either way; the busy ratio alone
-        // would say 100/s at low load.
-        let ms = Duration::from_millis;
-        let mut low = Estimator::default();
-        run(&mut low, 4, 1, ms(10), ms(30), 20);
-        let mut full = Estimator::default();
-        run(&mut full, 4, 4, ms(10), ms(0), 20);
-        for e in [low, full] {
-            assert!((e.capacity().unwrap() - 400.0).abs() < 4.0, "{e:?}");
-        }
-        // Slots that do not run in parallel: four in flight take four times
-        // as long, and the estimate falls to the real 100/s.
-        let mut serial = Estimator::default();
-        run(&mut serial, 4, 4, ms(40), ms(0), 20);
-        assert!((serial.capacity().unwrap() - 100.0).abs() < 1.0);
-    }
-
-    #[test]
-    fn no_estimate_before_data_and_idle_holds() {
-        let ms = Duration::from_millis;
-        let mut e = Estimator::default();
-        assert_eq!(e.capacity(), None);
-        // Seven completions: not yet.
-        let t0 = Instant::now();
-        let mut m = Meter::default();
-        for i in 0..7u32 {
-            m.start(t0 + ms(10) * (2 * i));
-            m.finish(t0 + ms(10) * (2 * i + 1));
-        }
-        e.observe(m.take(t0 + TICK), TICK, 1);
-        assert_eq!(e.capacity(), None);
-        run(&mut e, 1, 1, ms(10), ms(10), 5);
-        let before = e.capacity().unwrap();
-        // A minute without traffic changes nothing.
-        for k in 0..60u32 {
-            e.observe(m.take(t0 + TICK * (k + 10)), TICK, 1);
-        }
-        assert_eq!(e.capacity(), Some(before));
-    }
-
-    #[test]
-    fn a_slowdown_shows_within_a_few_half_lives() {
-        let ms = Duration::from_millis;
-        let mut e = Estimator::default();
-        run(&mut e, 1, 1, ms(5), ms(0), 30);
-        assert!((e.capacity().unwrap() - 200.0).abs() < 2.0);
-        run(&mut e, 1, 1, ms(10), ms(0), 5);
-        let mid = e.capacity().unwrap();
-        assert!(
-            mid < 150.0 && mid > 100.0,
-            "half-way after one half-life: {mid}"
-        );
-        run(&mut e, 1, 1, ms(10), ms(0), 30);
-        assert!((e.capacity().unwrap() - 100.0).abs() < 2.0);
-    }
-
-    #[test]
-    fn a_stall_of_the_agent_itself_is_not_folded_in() {
-        let mut est = Estimator::default();
-        run(&mut est, 1, 1, Duration::from_millis(2), Duration::ZERO, 10);
-        let before = est.capacity().unwrap();
-        // Four requests in flight across an 8 s stop of the agent: one 9 s
-        // tick with 32 request-seconds and four completions.
-        let stalled = Sample {
-            completions: 4,
-            in_flight_secs: 32.0,
-        };
-        est.observe(stalled, Duration::from_secs(9), 1);
-        assert_eq!(est.capacity(), Some(before));
-        // A slow tick of normal length still counts.
-        est.observe(stalled, TICK, 1);
-        assert!(est.capacity().unwrap() < before);
-    }
-
-    #[test]
-    fn a_request_in_flight_across_ticks_counts_in_each() {
-        let t0 = Instant::now();
-        let mut m = Meter::default();
-        m.start(t0);
-        assert_eq!(m.take(t0 + TICK).in_flight_secs, 1.0);
-        m.finish(t0 + TICK + TICK / 2);
-        let s = m.take(t0 + TICK * 2);
-        assert_eq!(s.completions, 1);
-        assert_eq!(s.in_flight_secs, 0.5);
-    }
-
     #[test]
     fn the_node_sums_ready_workers_and_fills_unmeasured_ones() {
         assert_eq!(node_capacity([]), 0.0);
-        // Nothing measured: the prior per slot of each ready worker.
+        // Nothing measured: the prior per unit of concurrency of each
+        // ready worker (1 while its concurrency is unknown).
         assert_eq!(
-            node_capacity([(None, true, 1.0, 4), (None, false, 1.0, 1)]),
+            node_capacity([(None, true, 1.0, 4.0), (None, false, 1.0, 1.0)]),
             4.0 * PRIOR_PER_SLOT
         );
-        // One measured (100/s over 2 slots): the other counts at 50/s a slot.
+        // One measured (100/s at a concurrency of 2): the other counts at
+        // 50/s a unit.
         assert_eq!(
-            node_capacity([(Some(100.0), true, 1.0, 2), (None, true, 1.0, 4)]),
+            node_capacity([(Some(100.0), true, 1.0, 2.0), (None, true, 1.0, 4.0)]),
             300.0
         );
         // Not ready: not counted; health scales each worker.
         assert_eq!(
-            node_capacity([(Some(100.0), true, 0.5, 1), (Some(300.0), false, 1.0, 1)]),
+            node_capacity([
+                (Some(100.0), true, 0.5, 1.0),
+                (Some(300.0), false, 1.0, 1.0)
+            ]),
             50.0
         );
     }

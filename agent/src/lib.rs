@@ -13,15 +13,16 @@
 //!
 //! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`tls`]
 //!    (certificates, reloaded; used by config to check them), [`error`],
-//!    [`deadline`], [`busy`].
+//!    [`deadline`], [`busy`], [`concurrency`] (each worker's adaptive
+//!    concurrency limit and capacity, sans-IO).
 //! 2. **worker state** — [`state`] (the snapshot each worker's supervisor
 //!    publishes; everyone else only reads it), [`inbox`] (control messages
 //!    that are never dropped, coalesced reports), [`worker_log`] (output,
 //!    events, health verdicts), [`models`] (interned model names),
 //!    [`upstream`] (the agent's own HTTP/2 client to a worker process; its
 //!    frame and HPACK codecs, which the server uses too).
-//! 3. **pool** — [`pool`]: admission, per-worker permits, per-model FIFO
-//!    queues with direct hand-off.
+//! 3. **pool** — [`pool`]: admission, per-worker permits (as many as the
+//!    worker's adaptive limit), per-model FIFO queues with direct hand-off.
 //! 4. **metrics** — [`metrics`], label handles resolved once per model.
 //! 5. **drivers** — [`supervisor`] (the only writer of a worker's state;
 //!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] /
@@ -47,6 +48,7 @@ pub mod admin;
 pub mod agent;
 pub mod busy;
 pub mod capacity;
+pub mod concurrency;
 pub mod config;
 pub mod conn;
 pub mod deadline;

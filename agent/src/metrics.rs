@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 mod gpu_use;
+mod worker_limit;
 
 use crate::models::{ModelId, Models};
 use crate::pool::Pool;
@@ -121,6 +122,7 @@ pub struct Metrics {
     workers_primed: OnceLock<()>,
     gpu: GpuGauges,
     gpu_use: gpu_use::GpuUseMetrics,
+    worker_limit: worker_limit::WorkerLimitMetrics,
     host: HostGauges,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
     unknown: Arc<ModelMetrics>,
@@ -253,6 +255,7 @@ impl Metrics {
         );
         let gpu = GpuGauges::register(&mut registry);
         let gpu_use = gpu_use::GpuUseMetrics::register(&mut registry);
+        let worker_limit = worker_limit::WorkerLimitMetrics::register(&mut registry);
         let host = HostGauges::register(&mut registry);
         let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
         Self {
@@ -260,6 +263,7 @@ impl Metrics {
             workers_primed: OnceLock::new(),
             gpu,
             gpu_use,
+            worker_limit,
             host,
             models: RwLock::new(Vec::new()),
             unknown,
@@ -437,6 +441,7 @@ impl Metrics {
         self.queued.set(load.queued as i64);
         self.busy.set(load.busy_ratio);
         self.weight.set(load.weight);
+        self.worker_limit.refresh(pool);
         self.host.refresh();
         let node = node_state(pool);
         for s in NODE_STATES {
@@ -660,6 +665,16 @@ mod tests {
         let fake = infermesh_gpu::FakeTelemetry::new(1);
         use infermesh_gpu::GpuTelemetry as _;
         metrics.record_gpus(&fake.devices(), &fake.sample());
+        metrics.worker_limit.record(
+            "w0",
+            &crate::pool::WorkerLimit {
+                limit: 3,
+                probing: false,
+                concurrency: Some(2.0),
+                unloaded: Some(Duration::from_millis(10)),
+                capacity: Some(200.0),
+            },
+        );
         let text = metrics.render(&crate::testing::idle_pool());
         let families: Vec<&str> = text
             .lines()

@@ -2,9 +2,11 @@
 //!
 //! A request is first *admitted* ([`Pool::admit`]: counted in the node's
 //! in-flight, which drives the busy ratio and the load report), then
-//! *dispatched* ([`Pool::acquire`]): it takes one of the `max_inflight`
-//! permits of the ready worker hosting its model with the fewest requests in
-//! flight (ties broken by a rotating start). When every such worker is full
+//! *dispatched* ([`Pool::acquire`]): it takes a permit of the ready worker
+//! hosting its model with the fewest requests in flight (ties broken by a
+//! rotating start). How many permits a worker has is its adaptive
+//! concurrency limit ([`crate::concurrency`]: learned from its latencies,
+//! at most its `max_inflight`), updated as its requests complete. When every such worker is full
 //! it waits in its model's FIFO queue, bounded by `queue.capacity`; a full
 //! queue is refused at once with RESOURCE_EXHAUSTED so the client retries
 //! elsewhere instead of waiting, and a request whose deadline passes in the
@@ -37,7 +39,8 @@ use infermesh_sentinel::{Progress, ProgressMeter, State};
 use tokio::sync::oneshot;
 
 use crate::busy::{BusyWindow, RateWindow};
-use crate::capacity::{self, Estimator, Meter, Weight};
+use crate::capacity::{self, Weight};
+use crate::concurrency::{Dispatch, Limiter};
 use crate::error::AgentError;
 use crate::models::{ModelId, Models};
 use crate::state::{Process, Worker};
@@ -90,17 +93,16 @@ struct Sched {
 }
 
 /// What dispatch knows of one worker (copied from its snapshot).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Slot {
     routable: bool,
     models: Vec<ModelId>,
     process: Option<Arc<Process>>,
     in_flight: usize,
-    max: usize,
     requests: u64,
-    /// Slot time and completions, for the live capacity.
-    meter: Meter,
-    estimator: Estimator,
+    /// How many permits it has: learned, at most `max_inflight`; and the
+    /// capacity that follows.
+    limiter: Limiter,
     /// Health factor of the worker's GPU and the host (`capacity`).
     health: f64,
     /// Requests outstanding and answered, for the stall watchdog.
@@ -149,9 +151,14 @@ impl Pool {
         let slots = workers
             .iter()
             .map(|w| Slot {
-                max: w.spec.max_inflight,
+                limiter: Limiter::new(w.spec.max_inflight, w.index as u64 + 1),
                 health: 1.0,
-                ..Default::default()
+                routable: false,
+                models: Vec::new(),
+                process: None,
+                in_flight: 0,
+                requests: 0,
+                progress: ProgressMeter::default(),
             })
             .collect();
         let pool = Arc::new(Self {
@@ -297,7 +304,9 @@ impl Pool {
             _ => false,
         };
         if fresh {
-            slot.progress.new_process(watchdog_clock(Instant::now()));
+            let now = watchdog_clock(Instant::now());
+            slot.progress.new_process(now);
+            slot.limiter.restarted(now);
         }
         slot.process = snapshot.process.clone();
         match (was, routable) {
@@ -326,20 +335,33 @@ impl Pool {
         }
     }
 
-    fn release(self: &Arc<Self>, worker: usize, served: bool, answered: Option<Instant>) {
+    fn release(
+        self: &Arc<Self>,
+        worker: usize,
+        dispatch: Dispatch,
+        served: bool,
+        answered: Option<Instant>,
+    ) {
         let mut s = lock(&self.sched);
         let slot = &mut s.slots[worker];
         slot.in_flight -= 1;
         slot.requests += 1;
-        let now = Instant::now();
-        // Only answers count as completions for the live capacity: a worker
-        // failing fast must not look fast. The slot time counts either way.
-        if served {
-            slot.meter.finish(now);
-        } else {
-            slot.meter.cancel(now);
+        let at = watchdog_clock(Instant::now());
+        // Only answers are latency samples: a worker failing fast must not
+        // look fast. The permit's time counts either way.
+        let was = (slot.limiter.probing(), slot.limiter.limit());
+        slot.limiter.finish(at, dispatch, served);
+        if was != (slot.limiter.probing(), slot.limiter.limit()) {
+            tracing::debug!(
+                worker = %self.workers[worker].id(),
+                limit = slot.limiter.limit(),
+                probing = slot.limiter.probing(),
+                concurrency = ?slot.limiter.concurrency(),
+                unloaded = ?slot.limiter.unloaded(),
+                capacity = ?slot.limiter.capacity(),
+                "concurrency limit"
+            );
         }
-        let at = watchdog_clock(now);
         match answered {
             Some(started) => slot
                 .progress
@@ -453,11 +475,14 @@ impl Pool {
             // In thousandths, as the trailer writes it, so every encoding of
             // the report (trailer, ORCA, registry) carries the same number.
             Weight::Auto => {
-                let w = capacity::node_capacity(
-                    s.slots
-                        .iter()
-                        .map(|sl| (sl.estimator.capacity(), sl.routable, sl.health, sl.max)),
-                );
+                let w = capacity::node_capacity(s.slots.iter().map(|sl| {
+                    (
+                        sl.limiter.capacity(),
+                        sl.routable,
+                        sl.health,
+                        sl.limiter.concurrency().unwrap_or(1.0),
+                    )
+                }));
                 (w * 1000.0).round() / 1000.0
             }
         }
@@ -468,35 +493,49 @@ impl Pool {
     pub fn score(&self) -> f64 {
         match self.weight {
             Weight::Fixed(w) => w,
-            Weight::Auto => capacity::node_capacity(
-                lock(&self.sched)
-                    .slots
-                    .iter()
-                    .map(|sl| (sl.estimator.capacity(), true, 1.0, sl.max)),
-            ),
+            Weight::Auto => capacity::node_capacity(lock(&self.sched).slots.iter().map(|sl| {
+                (
+                    sl.limiter.capacity(),
+                    true,
+                    1.0,
+                    sl.limiter.concurrency().unwrap_or(1.0),
+                )
+            })),
         }
     }
 
-    /// One [`capacity::TICK`] of the live capacity: folds what each worker
-    /// served since the last call (`tick` ago) into its estimate and sets
-    /// each worker's health factor (`health[i]` for worker `i`; missing
-    /// ones are 1).
-    pub fn capacity_tick(&self, now: Instant, tick: std::time::Duration, health: &[f64]) {
+    /// Sets each worker's health factor (`health[i]` for worker `i`;
+    /// missing ones are 1), every [`capacity::TICK`].
+    pub fn set_health(&self, health: &[f64]) {
         let mut s = lock(&self.sched);
         for (i, slot) in s.slots.iter_mut().enumerate() {
-            let sample = slot.meter.take(now);
-            slot.estimator.observe(sample, tick, slot.max);
             slot.health = health.get(i).copied().unwrap_or(1.0);
         }
     }
 
-    /// Each worker's estimated capacity in requests per second, once
-    /// measured.
-    pub fn worker_capacity(&self) -> Vec<Option<f64>> {
+    /// Worker `index` says how many requests it runs at once (its
+    /// ModelConfig): the starting point of its limit until measured.
+    pub fn hint_parallelism(self: &Arc<Self>, index: usize, parallelism: usize) {
+        let mut s = lock(&self.sched);
+        s.slots[index].limiter.hint(parallelism);
+        if s.slots[index].routable {
+            s.hand_off(self, index);
+        }
+    }
+
+    /// Each worker's limit, learned concurrency, unloaded latency and
+    /// capacity in requests per second (the last three once measured).
+    pub fn worker_limits(&self) -> Vec<WorkerLimit> {
         lock(&self.sched)
             .slots
             .iter()
-            .map(|sl| sl.estimator.capacity())
+            .map(|sl| WorkerLimit {
+                limit: sl.limiter.limit(),
+                probing: sl.limiter.probing(),
+                concurrency: sl.limiter.concurrency(),
+                unloaded: sl.limiter.unloaded(),
+                capacity: sl.limiter.capacity(),
+            })
             .collect()
     }
 
@@ -607,7 +646,9 @@ impl Sched {
                 continue;
             }
             hosted = true;
-            if slot.in_flight < slot.max && best.is_none_or(|(_, load)| slot.in_flight < load) {
+            if slot.in_flight < slot.limiter.limit()
+                && best.is_none_or(|(_, load)| slot.in_flight < load)
+            {
                 best = Some((i, slot.in_flight));
             }
         }
@@ -621,9 +662,8 @@ impl Sched {
     fn lease(&mut self, pool: &Arc<Pool>, worker: usize, model: ModelId) -> Lease {
         let slot = &mut self.slots[worker];
         slot.in_flight += 1;
-        let now = Instant::now();
-        slot.meter.start(now);
-        let started = watchdog_clock(now);
+        let started = watchdog_clock(Instant::now());
+        let dispatch = slot.limiter.start(started);
         slot.progress.dispatched(started);
         Lease {
             pool: Arc::clone(pool),
@@ -638,6 +678,7 @@ impl Sched {
             served: false,
             answered: false,
             started,
+            dispatch,
         }
     }
 
@@ -645,7 +686,7 @@ impl Sched {
     fn hand_off(&mut self, pool: &Arc<Pool>, worker: usize) {
         loop {
             let slot = &self.slots[worker];
-            if !slot.routable || slot.in_flight >= slot.max {
+            if !slot.routable || slot.in_flight >= slot.limiter.limit() {
                 return;
             }
             let oldest = slot
@@ -669,9 +710,9 @@ impl Sched {
                 lease.armed = false;
                 let slot = &mut self.slots[worker];
                 slot.in_flight -= 1;
-                let now = Instant::now();
-                slot.meter.cancel(now);
-                slot.progress.abandoned(watchdog_clock(now));
+                let now = watchdog_clock(Instant::now());
+                slot.limiter.finish(now, lease.dispatch, false);
+                slot.progress.abandoned(now);
             }
         }
     }
@@ -707,6 +748,21 @@ impl Sched {
             }
         }
     }
+}
+
+/// One worker's concurrency limit as [`Pool::worker_limits`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerLimit {
+    /// Permits it has now.
+    pub limit: usize,
+    /// Whether a probe of its unloaded latency holds the limit at 1.
+    pub probing: bool,
+    /// Requests it serves at once, once known.
+    pub concurrency: Option<f64>,
+    /// Its latency with nothing else in flight, once measured.
+    pub unloaded: Option<Duration>,
+    /// Requests per second it can serve, once both are known.
+    pub capacity: Option<f64>,
 }
 
 /// A request counted in the node's in-flight.
@@ -766,6 +822,8 @@ pub struct Lease {
     answered: bool,
     /// When the permit was taken, on the watchdog's clock.
     started: Instant,
+    /// Its place in the worker's limiter.
+    dispatch: Dispatch,
 }
 
 impl Lease {
@@ -803,7 +861,8 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
             let answered = self.answered.then_some(self.started);
-            self.pool.release(self.worker, self.served, answered);
+            self.pool
+                .release(self.worker, self.dispatch, self.served, answered);
         }
     }
 }

@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use infermesh_health::Verdict;
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::inference::{
-    ModelMetadataRequest, ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest,
+    ModelConfigRequest, ModelMetadataRequest, ModelReadyRequest, RepositoryIndexRequest,
+    ServerLiveRequest,
 };
 use infermesh_sentinel::{
     Action, Event, FaultPatterns, FaultReason, Notice, Sentinel, SentinelConfig, State,
@@ -524,10 +525,17 @@ impl Supervisor {
         let metrics = Arc::clone(&self.ctx.metrics);
         let snap = self.snap.clone();
         let id = self.worker.id().to_string();
+        let index = self.worker.index;
         self.probe = match self.sentinel.state() {
             State::Starting => Some(Box::pin(async move {
                 let client = process.client.clone();
                 let (ready, models) = startup_ready(&id, &snap, &pool, client.clone()).await;
+                if ready {
+                    let served = models.as_deref().or(snap.models.as_deref()).unwrap_or(&[]);
+                    if let Some(n) = parallelism(served, client.clone()).await {
+                        pool.hint_parallelism(index, n);
+                    }
+                }
                 // The startup gate: a worker that answers but computes
                 // wrong results must not take traffic.
                 let snap = WorkerSnapshot {
@@ -818,6 +826,36 @@ async fn startup_ready(
         }
     }
     (true, listed)
+}
+
+/// How many requests the worker says it runs at once, from its models'
+/// configurations (Triton's ModelConfig extension): the largest over its
+/// models, since they share the worker's GPU. `None` when it does not say
+/// (no such RPC, as with most non-Triton servers).
+async fn parallelism(
+    models: &[String],
+    mut client: GrpcInferenceServiceClient<Channel>,
+) -> Option<usize> {
+    let mut most = None;
+    for model in models {
+        let req = ModelConfigRequest {
+            name: model.clone(),
+            version: String::new(),
+        };
+        let Ok(Ok(r)) = tokio::time::timeout(STARTUP_CALL_TIMEOUT, client.model_config(req)).await
+        else {
+            continue;
+        };
+        if let Some(n) = r
+            .into_inner()
+            .config
+            .as_ref()
+            .and_then(crate::concurrency::parallelism)
+        {
+            most = Some(most.map_or(n, |m: usize| m.max(n)));
+        }
+    }
+    most
 }
 
 /// One liveness check: the server is live and its models are ready.

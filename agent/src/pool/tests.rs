@@ -30,16 +30,19 @@ fn spec(id: &str, models: &[&str], max_inflight: usize) -> WorkerSpec {
     }
 }
 
-fn fixture(workers: &[(&str, &[&str], usize)], queue: usize) -> Fixture {
-    let (workers, drivers): (Vec<_>, Vec<_>) = workers
+fn fixture(workers_spec: &[(&str, &[&str], usize)], queue: usize) -> Fixture {
+    let (workers, drivers): (Vec<_>, Vec<_>) = workers_spec
         .iter()
         .enumerate()
         .map(|(i, (id, models, max))| Worker::new(spec(id, models, *max), i))
         .unzip();
-    Fixture {
-        pool: Pool::new(workers, 1.0, queue),
-        drivers,
+    let pool = Pool::new(workers, 1.0, queue);
+    // Each worker says it runs `max` at once: its limit from the start
+    // (the adaptive limit has its own tests, in `concurrency`).
+    for (i, (_, _, max)) in workers_spec.iter().enumerate() {
+        pool.hint_parallelism(i, *max);
     }
+    Fixture { pool, drivers }
 }
 
 impl Fixture {
@@ -347,33 +350,56 @@ async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
     f.set_routable(0, true);
     f.set_routable(1, true);
     assert_eq!(f.pool.weight(), 2.0 * capacity::PRIOR_PER_SLOT);
-    // Worker a answers 20 requests, one at a time; b fails 20 (no answer:
-    // no completion, so a worker failing fast does not look fast).
+    // Worker a answers 40 requests of 10 ms, one at a time; b fails 40 (no
+    // answer: no latency sample, so a worker failing fast does not look
+    // fast).
     let m = f.model("m");
-    for _ in 0..20 {
+    for _ in 0..40 {
         let mut lease = f.pool.acquire(m, Some(0), None).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
         lease.served();
         drop(lease);
         drop(f.pool.acquire(m, Some(1), None).await.unwrap());
     }
-    let start = Instant::now();
-    f.pool
-        .capacity_tick(start, capacity::TICK, &[1.0, 1.0, 1.0]);
-    let [Some(a), None, None] = f.pool.worker_capacity()[..] else {
-        panic!("only a is measured: {:?}", f.pool.worker_capacity());
+    let limits = f.pool.worker_limits();
+    let Some(a) = limits[0].capacity else {
+        panic!("a is measured: {limits:?}");
     };
-    assert!(a > 0.0 && a.is_finite(), "{a}");
+    assert!((a - 100.0).abs() < 1.0, "one at a time, 10 ms each: {a}");
+    assert_eq!(limits[0].unloaded, Some(Duration::from_millis(10)));
+    assert_eq!((limits[1].capacity, limits[2].capacity), (None, None));
     // The weight is advertised in thousandths (as the trailer writes it).
     let milli = |x: f64| (x * 1000.0).round() / 1000.0;
     // b, routable but unmeasured, counts at a's value; c is not routable.
     assert_eq!(f.pool.weight(), milli(2.0 * a));
     assert_eq!(f.pool.load().weight, milli(2.0 * a));
-    assert_eq!(f.pool.score(), 3.0 * a);
-    // An idle tick holds the estimate; the health factors scale each worker.
-    f.pool
-        .capacity_tick(start, capacity::TICK, &[0.5, 1.0, 1.0]);
-    assert_eq!(f.pool.worker_capacity()[0], Some(a));
+    assert!((f.pool.score() - 3.0 * a).abs() < 1e-9);
+    // Idle time holds the estimate; the health factors scale each worker.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    f.pool.set_health(&[0.5, 1.0, 1.0]);
+    assert_eq!(f.pool.worker_limits()[0].capacity, Some(a));
     assert_eq!(f.pool.weight(), milli(1.5 * a));
     f.set_routable(1, false);
     assert_eq!(f.pool.weight(), milli(0.5 * a));
+}
+
+/// A worker's permits are its adaptive limit: a worker that says it runs
+/// 2 at once (max_inflight 8) gets 3 (2 + headroom) until measured.
+#[tokio::test(start_paused = true)]
+async fn the_limit_not_max_inflight_bounds_the_permits() {
+    let f = fixture(&[("a", &["m"], 8)], 8);
+    f.pool.hint_parallelism(0, 2);
+    f.set_routable(0, true);
+    let m = f.model("m");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(f.pool.acquire(m, None, None).await.unwrap());
+    }
+    let fourth = f.waiter("m", None);
+    f.until_queued(1).await;
+    assert_eq!(f.in_flight(0), 3);
+    assert_eq!(f.pool.worker_limits()[0].limit, 3);
+    drop(held.pop());
+    let lease = fourth.await.unwrap().unwrap();
+    assert_eq!(lease.worker().id(), "a");
 }
