@@ -25,7 +25,9 @@ servers=${SERVERS:-agent nghttpd}
 
 . scripts/lib.sh
 need nghttpd nghttp2-server
-cargo build --release --locked -q -p infermesh -p infermesh-testworker -p infermesh-tests --bin h2-attack
+# Two builds: `--bin` would narrow the first to the attack binary alone.
+cargo build --release --locked -q -p infermesh -p infermesh-testworker
+cargo build --release --locked -q -p infermesh-tests --bin h2-attack
 bin=target/release
 agent_bin=${AGENT_BIN:-$bin}
 attacks=${ATTACKS:-$("$bin/h2-attack" list)}
