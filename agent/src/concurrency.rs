@@ -253,13 +253,14 @@ impl Limiter {
     ///
     /// While the limit is still exploring (slow start: no window has shown
     /// the worker queueing yet) the concurrency counted is the limit being
-    /// tried rather than the lower bound measured so far: an estimate that
-    /// only ever reports what the worker was asked for draws only that much
-    /// traffic from weighted clients, and would never be asked for more.
-    /// Slow start ends at the first window that queues, at most one
-    /// doubling past the worker's parallelism.
+    /// tried, up to twice the lower bound measured so far, rather than that
+    /// bound alone: an estimate that only ever reports what the worker was
+    /// asked for draws only that much traffic from weighted clients, and
+    /// would never be asked for more. Slow start ends at the first window
+    /// that queues with more in flight than measured.
     pub fn capacity(&self) -> Option<f64> {
         let u = self.unloaded.filter(|u| *u > 0.0)?;
+        let c = self.concurrency.unwrap_or(1.0);
         let exploring = match self.mode {
             Mode::SlowStart => self.limit,
             Mode::Probe {
@@ -268,8 +269,9 @@ impl Limiter {
             } => self.explored,
             _ => 0,
         };
-        let c = self.concurrency.unwrap_or(0.0).max(exploring as f64);
-        (c > 0.0).then(|| c / u)
+        // At most twice what was measured: one doubling ahead.
+        let c = c.max((exploring as f64).min(2.0 * c));
+        Some(c / u)
     }
 
     /// A request is sent to the worker at `now`.
@@ -410,14 +412,18 @@ impl Limiter {
         let queueing = ratio > 1.0 + TOLERANCE;
         match self.mode {
             Mode::SlowStart => {
-                if bound && queueing {
+                let c = self.concurrency.unwrap_or(1.0);
+                if queueing && (bound || n > c) {
+                    // Past the worker's parallelism: `p` measures it.
                     self.concurrency = Some(p.max(1.0));
                     self.learned = true;
                     self.mode = Mode::Steady;
                     self.limit = self.target(p);
                 } else {
                     self.raise(p.max(1.0));
-                    if bound {
+                    // Not app-limited (Netflix's rule: at least half the
+                    // limit in flight) and nothing waits: try twice as many.
+                    if n >= self.limit as f64 / 2.0 {
                         self.limit = (self.limit * 2).min(self.max);
                         if self.limit == self.max {
                             self.mode = Mode::Steady;
