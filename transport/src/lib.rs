@@ -24,11 +24,14 @@
 //!
 //! The house rule is `#![forbid(unsafe_code)]` outside `gpu/` and `rdma/`.
 //! Our own client maps the regions it creates, and reading a mapping is
-//! `unsafe`, so this crate *denies* `unsafe` and allows it in exactly one
-//! small module, `shm/mapping.rs`: bounds-checked raw copies in and out of
-//! a mapping of an object this process created — never a reference into
-//! it, never a typed view of the bytes. Each block carries a `SAFETY`
-//! comment.
+//! `unsafe`, so this crate *denies* `unsafe` and allows it in two small
+//! modules: `shm/mapping.rs` (bounds-checked raw copies in and out of a
+//! mapping of an object this process created, and a `pread` into a new
+//! vector without zeroing it first) and `shm/lease.rs` (slices of a leased
+//! region lent to the one holder of its lease: mutable while it holds it
+//! alone, read-only once shared; the argument is in its module docs —
+//! issue 27's zero-copy ends). Typed views go through `zerocopy`. Each
+//! block carries a `SAFETY` comment.
 //!
 //! The server side (the agent, the test worker) never maps an object a
 //! client registered: a client that truncates its file would make any access

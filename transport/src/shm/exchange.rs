@@ -101,6 +101,60 @@ impl ShmRegistry {
         Ok(())
     }
 
+    /// Copies input `input`'s shared-memory window into the window of the
+    /// requested output `output`, without a buffer in this process
+    /// ([`ShmRegion::copy_to`](super::ShmRegion::copy_to)): the one copy a
+    /// server computing the identity on shared memory makes (Triton's
+    /// identity backend on system shared memory makes one), where
+    /// [`take_inputs`](Self::take_inputs) and
+    /// [`place_outputs`](Self::place_outputs) make two. Returns the bytes
+    /// copied, or `None` (nothing done) when the input or the output is not
+    /// in shared memory. The request is not changed.
+    pub fn copy_input_to_output(
+        &self,
+        owner: Owner,
+        req: &ModelInferRequest,
+        input: usize,
+        output: &str,
+    ) -> Result<Option<u64>, ShmError> {
+        let Some(tensor) = req.inputs.get(input) else {
+            return Ok(None);
+        };
+        let Some(from) = ShmRef::from_params(&tensor.name, &tensor.parameters)? else {
+            return Ok(None);
+        };
+        let Some(out) = req.outputs.iter().find(|o| o.name == output) else {
+            return Ok(None);
+        };
+        let Some(to) = ShmRef::from_params(&out.name, &out.parameters)? else {
+            return Ok(None);
+        };
+        if tensor.contents.is_some() {
+            return Err(ShmError::ContentsWithShm(tensor.name.clone()));
+        }
+        let src = self.lookup(owner, &tensor.name, &from.region)?;
+        let dst = self.lookup(owner, &out.name, &to.region)?;
+        let what =
+            |name: &str, r: &ShmRef| format!("'{}' in region '{}'", echo(name), echo(&r.region));
+        for (name, r, region) in [(&tensor.name, &from, &src), (&out.name, &to, &dst)] {
+            if r.byte_size == 0 {
+                return Err(ShmError::EmptyWindow {
+                    what: what(name, r),
+                });
+            }
+            region.check(&what(name, r), r.offset, r.byte_size)?;
+        }
+        if from.byte_size > to.byte_size {
+            return Err(ShmError::OutputTooLarge {
+                tensor: out.name.clone(),
+                needed: from.byte_size,
+                window: to.byte_size,
+            });
+        }
+        src.copy_to(from.offset, &dst, to.offset, from.byte_size)?;
+        Ok(Some(from.byte_size))
+    }
+
     /// Writes every output that `req` asked for in shared memory into its
     /// window and empties its `raw_output_contents` entry. Outputs not
     /// requested in shared memory are left inline.
@@ -340,6 +394,37 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn an_input_window_is_copied_to_an_output_window() {
+        let f = fixture("exchange-copy");
+        let mut req = output_request(vec![("Y", shm("r", 2000, 16))]);
+        req.inputs = vec![input("X", shm("r", 100, 16))];
+        assert_eq!(
+            f.reg.copy_input_to_output(1, &req, 0, "Y").unwrap(),
+            Some(16)
+        );
+        let mut got = [0u8; 16];
+        f.client.read_into(2000, &mut got).unwrap();
+        let want: Vec<u8> = (100..116).map(|i| i as u8).collect();
+        assert_eq!(&got[..], &want[..]);
+        // Not both in shared memory: nothing done.
+        assert_eq!(f.reg.copy_input_to_output(1, &req, 0, "Z").unwrap(), None);
+        let inline = output_request(vec![("Y", shm("r", 2000, 16))]);
+        assert_eq!(
+            f.reg.copy_input_to_output(1, &inline, 0, "Y").unwrap(),
+            None
+        );
+        // A window too small, another owner, a window past the region.
+        let mut small = req.clone();
+        small.outputs = output_request(vec![("Y", shm("r", 2000, 8))]).outputs;
+        let err = f.reg.copy_input_to_output(1, &small, 0, "Y").unwrap_err();
+        assert!(matches!(err, ShmError::OutputTooLarge { .. }), "{err}");
+        assert!(f.reg.copy_input_to_output(2, &req, 0, "Y").is_err());
+        let mut past = req.clone();
+        past.inputs = vec![input("X", shm("tail", 1020, 16))];
+        assert!(f.reg.copy_input_to_output(1, &past, 0, "Y").is_err());
     }
 
     fn response() -> ModelInferResponse {

@@ -6,13 +6,17 @@
 //!   registered and resolves tensor references in `ModelInfer`
 //!   ([`ShmRegistry::take_inputs`], [`ShmRegistry::place_outputs`]).
 //! - Client side: [`ShmPool`] keeps regions warm and [`ShmTransport`] stages
-//!   requests into them.
+//!   requests into them; a caller may also lease a region and build its
+//!   inputs in place ([`ShmLease`], laid out by [`Layout`]), and outputs
+//!   come back as views of the region ([`SharedLease::view`]), not copies.
 //! - Both sit on [`ShmRegion`], a bounds-checked window of a key validated
 //!   by [`ShmKey`]: mapped when we created it, copied with `pread`/`pwrite`
 //!   when a client did (so a client truncating its file cannot fault us).
 
 mod exchange;
 mod key;
+mod layout;
+mod lease;
 mod mapping;
 mod params;
 mod pool;
@@ -21,17 +25,19 @@ mod registry;
 mod transport;
 
 pub use key::{MAX_KEY_NAME_BYTES, ShmDir, ShmKey};
+pub use layout::{Layout, TENSOR_ALIGN, Window};
+pub use lease::{Element, SharedLease, ShmLease, elements, elements_mut};
 pub use params::{BYTE_SIZE_PARAM, OFFSET_PARAM, REGION_PARAM, ShmRef};
 pub use pool::{
     DEFAULT_MAX_TOTAL_BYTES, MIN_REGION_BYTES, PoolConfig, PoolCounters, PooledRegion,
-    RetiredRegion, ShmLease, ShmPool,
+    RetiredRegion, ShmPool,
 };
 pub use region::ShmRegion;
 pub use registry::{
     DEFAULT_MAX_REGIONS, DEFAULT_MAX_REGIONS_PER_OWNER, MAX_REGION_NAME_BYTES, Owner, RegionStatus,
     RegistryConfig, ShmRegistry,
 };
-pub use transport::{MIN_OUTPUT_WINDOW, ShmTransport, TENSOR_ALIGN};
+pub use transport::{MIN_OUTPUT_WINDOW, ShmTransport};
 
 #[cfg(test)]
 pub(crate) mod test_dir {

@@ -16,11 +16,11 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::key::ShmDir;
+use super::lease::ShmLease;
 use super::region::ShmRegion;
 use crate::error::ShmError;
 
@@ -243,13 +243,15 @@ impl ShmPool {
     }
 
     fn lease_of(&self, region: Arc<PooledRegion>) -> ShmLease {
-        ShmLease {
-            region: Some(region),
-            pool: self.clone(),
-        }
+        ShmLease::new(region, self.clone())
     }
 
-    fn give_back(&self, region: Arc<PooledRegion>) {
+    /// Whether `self` and `other` are the same pool.
+    pub fn same_pool(&self, other: &ShmPool) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn give_back(&self, region: Arc<PooledRegion>) {
         let mut state = self.state();
         state.counters.leased -= 1;
         state
@@ -291,48 +293,6 @@ impl State {
                 peers,
             });
         }
-    }
-}
-
-/// A region leased from a [`ShmPool`]; returned to the pool on drop.
-pub struct ShmLease {
-    /// Always `Some` until drop.
-    region: Option<Arc<PooledRegion>>,
-    pool: ShmPool,
-}
-
-impl ShmLease {
-    /// The pooled region, to outlive the lease (registration callbacks).
-    pub(crate) fn shared(&self) -> Arc<PooledRegion> {
-        Arc::clone(
-            self.region
-                .as_ref()
-                .expect("lease holds its region until drop"),
-        )
-    }
-}
-
-impl Deref for ShmLease {
-    type Target = PooledRegion;
-
-    fn deref(&self) -> &PooledRegion {
-        self.region
-            .as_deref()
-            .expect("lease holds its region until drop")
-    }
-}
-
-impl Drop for ShmLease {
-    fn drop(&mut self) {
-        if let Some(region) = self.region.take() {
-            self.pool.give_back(region);
-        }
-    }
-}
-
-impl std::fmt::Debug for ShmLease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("ShmLease").field(&self.region).finish()
     }
 }
 

@@ -155,6 +155,15 @@ impl ShmRegion {
         }
     }
 
+    /// The mapping of a region created here (`None` for an opened one,
+    /// which is never mapped).
+    pub(crate) fn mapping(&self) -> Option<&Mapping> {
+        match &self.access {
+            Access::Owned(map) => Some(map),
+            Access::Opened => None,
+        }
+    }
+
     /// The key this region was opened or created with.
     pub fn key(&self) -> &ShmKey {
         &self.key
@@ -183,7 +192,7 @@ impl ShmRegion {
 
     /// As [`check`](ShmRegion::check), naming the region only on error (no
     /// allocation on the hot path).
-    fn check_with(
+    pub(crate) fn check_with(
         &self,
         what: impl FnOnce() -> String,
         offset: u64,
@@ -203,14 +212,18 @@ impl ShmRegion {
     /// Copies `len` bytes from `offset` out of the region.
     pub fn read(&self, offset: u64, len: u64) -> Result<Bytes, ShmError> {
         let len = self.range(offset, len)?;
-        let mut out = match &self.access {
-            Access::Owned(map) => return Ok(Bytes::from(map.to_vec(offset as usize, len))),
-            // Zeroed large allocations come from fresh zero pages, so this
-            // costs no extra pass over the bytes.
-            Access::Opened => vec![0u8; len],
-        };
-        self.pread(offset, &mut out)?;
-        Ok(Bytes::from(out))
+        match &self.access {
+            Access::Owned(map) => Ok(Bytes::from(map.to_vec(offset as usize, len))),
+            Access::Opened => {
+                match super::mapping::pread_new(&self.file, self.offset + offset, len) {
+                    Ok(out) => Ok(Bytes::from(out)),
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        Err(self.truncated(self.file_len()))
+                    }
+                    Err(source) => Err(self.copy_error(source)),
+                }
+            }
+        }
     }
 
     /// Copies `dst.len()` bytes from `offset` into `dst`.
@@ -250,6 +263,62 @@ impl ShmRegion {
                     .map_err(|source| self.copy_error(source))
             }
         }
+    }
+
+    /// Copies `len` bytes from `offset` of this window to `dst_offset` of
+    /// `dst`'s window without a buffer here: `copy_file_range(2)`, one copy
+    /// in the kernel, where a read and a write would be two (and the read's
+    /// buffer a third pass). Where the kernel cannot (another file system,
+    /// overlapping ranges of one file) it reads and writes instead. Both
+    /// windows are bounds-checked; as with [`write`](ShmRegion::write), a
+    /// destination file its owner shrank is refused, and a source shrunk
+    /// meanwhile is [`ShmError::Truncated`] — never a fault.
+    pub fn copy_to(
+        &self,
+        offset: u64,
+        dst: &ShmRegion,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), ShmError> {
+        self.range(offset, len)?;
+        dst.range(dst_offset, len)?;
+        let (mut from, mut to) = (self.offset + offset, dst.offset + dst_offset);
+        let end = to + len;
+        if end > dst.file_len() {
+            return Err(dst.truncated(dst.file_len()));
+        }
+        let as_off = |o: u64| {
+            i64::try_from(o).map_err(|_| self.copy_error(io::ErrorKind::InvalidInput.into()))
+        };
+        while to < end {
+            let (mut f, mut t) = (as_off(from)?, as_off(to)?);
+            let want = usize::try_from(end - to).unwrap_or(usize::MAX);
+            match nix::fcntl::copy_file_range(
+                &self.file,
+                Some(&mut f),
+                &dst.file,
+                Some(&mut t),
+                want,
+            ) {
+                Ok(0) => return Err(self.truncated(self.file_len())),
+                Ok(n) => {
+                    from += n as u64;
+                    to += n as u64;
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(
+                    nix::errno::Errno::EXDEV
+                    | nix::errno::Errno::EINVAL
+                    | nix::errno::Errno::ENOSYS
+                    | nix::errno::Errno::EOPNOTSUPP,
+                ) => {
+                    let bytes = self.read(from - self.offset, end - to)?;
+                    return dst.write(to - dst.offset, &bytes);
+                }
+                Err(e) => return Err(self.copy_error(e.into())),
+            }
+        }
+        Ok(())
     }
 
     /// `pread` of `dst.len()` bytes at window offset `offset` (in bounds).
@@ -355,6 +424,42 @@ mod tests {
         assert!(!path.exists(), "the creator unlinks on drop");
         // The opener's mapping outlives the name.
         assert_eq!(&server.read(0, 3).unwrap()[..], b"out");
+    }
+
+    #[test]
+    fn copy_to_copies_between_windows_in_the_kernel_or_not() {
+        let dir = TestDir::new("region-copy");
+        let client = ShmRegion::create_in(dir.shm(), "cp", 1 << 20).unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        client.write(4096, &data).unwrap();
+        let a = ShmRegion::open_in(dir.shm(), "cp", 4096, 300_000).unwrap();
+        let b = ShmRegion::open_in(dir.shm(), "cp", 512 << 10, 300_000).unwrap();
+        a.copy_to(0, &b, 0, 300_000).unwrap();
+        assert_eq!(&b.read(0, 300_000).unwrap()[..], &data[..]);
+        // Overlapping ranges of one file: the kernel refuses, the copy is
+        // made through a buffer.
+        let whole = ShmRegion::open_in(dir.shm(), "cp", 0, 1 << 20).unwrap();
+        whole.copy_to(4096, &whole, 4096 + 100, 1000).unwrap();
+        assert_eq!(&whole.read(4196, 1000).unwrap()[..], &data[..1000]);
+        assert!(matches!(
+            a.copy_to(1, &b, 0, 300_000),
+            Err(ShmError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            a.copy_to(0, &b, 1, 300_000),
+            Err(ShmError::OutOfBounds { .. })
+        ));
+        // A file shrunk under the windows: an error, no fault, no growth.
+        let file = OpenOptions::new()
+            .write(true)
+            .open(dir.shm().path().join("cp"))
+            .unwrap();
+        file.set_len(8192).unwrap();
+        assert!(matches!(
+            a.copy_to(0, &b, 0, 300_000),
+            Err(ShmError::Truncated { .. })
+        ));
+        assert_eq!(file.metadata().unwrap().len(), 8192);
     }
 
     #[test]

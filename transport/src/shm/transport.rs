@@ -1,15 +1,19 @@
 //! [`ShmTransport`]: the client side of the shared-memory path.
 //!
-//! `stage` leases one region from the [`ShmPool`] per request and lays it
-//! out as: every non-empty input at a 64-byte-aligned offset, then one
-//! window per requested output (sized by `output_bytes_hint`, by default
-//! the total input size and at least 64 KiB). The inputs and requested
-//! outputs get Triton's `shared_memory_*` parameters and
+//! `stage` leases one region from the [`ShmPool`] per request, lays it out
+//! with [`Layout`] (every input at a 64-byte-aligned offset, then one
+//! window per requested output, sized by `output_bytes_hint`, by default
+//! the total input size and at least 64 KiB) and copies the inline inputs
+//! in; [`ShmTransport::stage_in_place`] takes a region whose inputs the
+//! caller already built there, and copies nothing. The inputs and
+//! requested outputs get Triton's `shared_memory_*` parameters and
 //! `raw_input_contents` is emptied (zero-byte inputs stay inline: Triton
 //! refuses empty windows). When the request lists no outputs, the server
-//! returns them all inline. `complete` reads each output the server placed
-//! in its window back into `raw_output_contents`, in output order, sizing
-//! it from the output's datatype and shape.
+//! returns them all inline. `complete` puts each output the server placed
+//! in its window into `raw_output_contents`, in output order, sized from
+//! the output's datatype and shape — as a view of the region
+//! ([`SharedLease::view`]), not a copy: the region stays out of the pool
+//! until the caller drops the response's bytes.
 
 use std::collections::HashMap;
 
@@ -18,14 +22,14 @@ use infermesh_proto::inference::model_infer_response::InferOutputTensor;
 use infermesh_proto::inference::{InferParameter, ModelInferRequest, ModelInferResponse};
 use infermesh_proto::tensor::{DataType, element_count};
 
+use super::layout::{Layout, Window};
+use super::lease::SharedLease;
 use super::params::{REGION_PARAM, ShmRef};
-use super::pool::{MIN_REGION_BYTES, ShmLease, ShmPool};
+use super::pool::{MIN_REGION_BYTES, ShmPool};
 use crate::error::TransportError;
 use crate::path::Path;
 use crate::transport::{Registration, Staged, Transport};
 
-/// Alignment of every tensor in a staged region.
-pub const TENSOR_ALIGN: u64 = 64;
 /// Smallest default window for one output.
 pub const MIN_OUTPUT_WINDOW: u64 = MIN_REGION_BYTES;
 
@@ -38,16 +42,16 @@ pub struct ShmTransport {
     output_bytes_hint: Option<u64>,
 }
 
-/// What a staged request holds until `complete`.
+/// What a staged request holds until `complete`: the region, shared with
+/// the views of its outputs.
 struct ShmStaged {
-    lease: ShmLease,
+    lease: SharedLease,
     outputs: Vec<OutputWindow>,
 }
 
 struct OutputWindow {
     name: String,
-    offset: u64,
-    byte_size: u64,
+    window: Window,
 }
 
 impl ShmTransport {
@@ -82,14 +86,106 @@ impl ShmTransport {
     pub fn forget_registrations(&self) {
         self.pool.forget_peer(&self.peer);
     }
+
+    /// Stages a request whose inputs the caller built in place: its
+    /// `raw_input_contents` are views of `lease` at `layout`'s input windows
+    /// (what [`SharedLease::view`] gives), and `layout` has one window per
+    /// requested output. Nothing is copied: the request is rewritten to
+    /// reference the windows. A request that is not laid out so (a lease
+    /// of another pool, inputs elsewhere) is staged by copying, as
+    /// [`Transport::stage`] does.
+    pub fn stage_in_place(
+        &self,
+        req: &mut ModelInferRequest,
+        lease: &SharedLease,
+        layout: &Layout,
+    ) -> Result<Staged, TransportError> {
+        let in_place = lease.is_from(&self.pool)
+            && req.inputs.len() == layout.inputs.len()
+            && req.raw_input_contents.len() == layout.inputs.len()
+            && req.outputs.len() == layout.outputs.len()
+            && req.inputs.iter().all(|i| !in_shm(&i.parameters))
+            && req.outputs.iter().all(|o| !in_shm(&o.parameters))
+            && req
+                .raw_input_contents
+                .iter()
+                .zip(&layout.inputs)
+                .all(|(raw, w)| {
+                    raw.len() as u64 == w.len
+                        && (raw.is_empty()
+                            || lease
+                                .address(w.offset, w.len)
+                                .is_ok_and(|a| a == raw.as_ptr() as usize))
+                });
+        if !in_place {
+            return self.stage(req);
+        }
+        let original = req.clone();
+        Ok(self.place(req, original, lease.clone(), layout))
+    }
+
+    /// Rewrites `req` (raw form, one input window per input and one output
+    /// window per requested output in `layout`) to reference `lease`'s
+    /// region, and asks for its registration if the peer does not have it.
+    fn place(
+        &self,
+        req: &mut ModelInferRequest,
+        original: ModelInferRequest,
+        lease: SharedLease,
+        layout: &Layout,
+    ) -> Staged {
+        let name = lease.name().to_string();
+        let mut kept = Vec::new();
+        for ((input, raw), w) in req
+            .inputs
+            .iter_mut()
+            .zip(std::mem::take(&mut req.raw_input_contents))
+            .zip(&layout.inputs)
+        {
+            // Zero-byte inputs stay inline: Triton refuses empty windows.
+            if raw.is_empty() {
+                kept.push(raw);
+                continue;
+            }
+            let r = ShmRef {
+                region: name.clone(),
+                offset: w.offset,
+                byte_size: w.len,
+            };
+            r.to_params(&mut input.parameters);
+        }
+        req.raw_input_contents = kept;
+        let mut outputs = Vec::with_capacity(layout.outputs.len());
+        for (out, w) in req.outputs.iter_mut().zip(&layout.outputs) {
+            let r = ShmRef {
+                region: name.clone(),
+                offset: w.offset,
+                byte_size: w.len,
+            };
+            r.to_params(&mut out.parameters);
+            outputs.push(OutputWindow {
+                name: out.name.clone(),
+                window: *w,
+            });
+        }
+        let pooled = lease.pooled();
+        let registration = (!pooled.is_registered_with(&self.peer)).then(|| {
+            let peer = self.peer.clone();
+            let len = pooled.region().len();
+            Registration::new(name.clone(), format!("/{name}"), 0, len, move || {
+                pooled.mark_registered(&peer)
+            })
+        });
+        let staged = Staged::rewritten(Path::Shm, original, Box::new(ShmStaged { lease, outputs }));
+        match registration {
+            Some(r) => staged.with_registration(r),
+            None => staged,
+        }
+    }
 }
 
 fn in_shm(params: &HashMap<String, InferParameter>) -> bool {
     params.contains_key(REGION_PARAM)
-}
-
-fn align(n: u64) -> u64 {
-    n.saturating_add(TENSOR_ALIGN - 1) & !(TENSOR_ALIGN - 1)
 }
 
 fn malformed(reason: String) -> TransportError {
@@ -114,83 +210,19 @@ impl Transport for ShmTransport {
         if !raw_form || caller_shm || total_input == 0 {
             return Ok(Staged::untouched(Path::Shm));
         }
-        let mut cursor = 0u64;
-        let input_at: Vec<u64> = req
-            .raw_input_contents
-            .iter()
-            .map(|raw| {
-                let at = cursor;
-                cursor = align(cursor.saturating_add(raw.len() as u64));
-                at
-            })
-            .collect();
         let window = self
             .output_bytes_hint
             .unwrap_or_else(|| total_input.max(MIN_OUTPUT_WINDOW));
-        let outputs: Vec<OutputWindow> = req
-            .outputs
-            .iter()
-            .map(|o| {
-                let at = cursor;
-                cursor = align(cursor.saturating_add(window));
-                OutputWindow {
-                    name: o.name.clone(),
-                    offset: at,
-                    byte_size: window,
-                }
-            })
-            .collect();
-        let lease = self.pool.lease(cursor)?;
-        for (raw, &at) in req.raw_input_contents.iter().zip(&input_at) {
-            lease.region().write(at, raw)?;
+        let layout = Layout::new(
+            req.raw_input_contents.iter().map(|b| b.len() as u64),
+            req.outputs.iter().map(|_| window),
+        );
+        let lease = self.pool.lease(layout.len)?;
+        for (raw, w) in req.raw_input_contents.iter().zip(&layout.inputs) {
+            lease.region().write(w.offset, raw)?;
         }
-
         let original = req.clone();
-        let name = lease.name().to_string();
-        let mut kept = Vec::new();
-        for ((input, raw), &at) in req
-            .inputs
-            .iter_mut()
-            .zip(std::mem::take(&mut req.raw_input_contents))
-            .zip(&input_at)
-        {
-            if raw.is_empty() {
-                kept.push(raw);
-                continue;
-            }
-            let r = ShmRef {
-                region: name.clone(),
-                offset: at,
-                byte_size: raw.len() as u64,
-            };
-            r.to_params(&mut input.parameters);
-        }
-        req.raw_input_contents = kept;
-        for (out, w) in req.outputs.iter_mut().zip(&outputs) {
-            let r = ShmRef {
-                region: name.clone(),
-                offset: w.offset,
-                byte_size: w.byte_size,
-            };
-            r.to_params(&mut out.parameters);
-        }
-
-        let registration = (!lease.is_registered_with(&self.peer)).then(|| {
-            let pooled = lease.shared();
-            let peer = self.peer.clone();
-            Registration::new(
-                name.clone(),
-                format!("/{name}"),
-                0,
-                lease.region().len(),
-                move || pooled.mark_registered(&peer),
-            )
-        });
-        let staged = Staged::rewritten(Path::Shm, original, Box::new(ShmStaged { lease, outputs }));
-        Ok(match registration {
-            Some(r) => staged.with_registration(r),
-            None => staged,
-        })
+        Ok(self.place(req, original, lease.share(), &layout))
     }
 
     fn complete(
@@ -228,14 +260,16 @@ impl Transport for ShmTransport {
                 "{raw_len} raw_output_contents entries for {n} outputs"
             )));
         }
-        let region = state.lease.region();
+        // Outputs are views of the region, not copies: it stays out of the
+        // pool while the caller holds any of them.
+        let lease = &state.lease;
         let mut fetched: Vec<Option<Bytes>> = vec![None; n];
         for (i, w) in windows {
             if aligned && !resp.raw_output_contents[i].is_empty() {
                 continue; // the server answered this one inline
             }
-            let size = output_size(&resp.outputs[i], w, region)?;
-            fetched[i] = Some(region.read(w.offset, size)?);
+            let size = output_size(&resp.outputs[i], &w.window, lease)?;
+            fetched[i] = Some(lease.view(w.window.offset, size)?);
         }
         if aligned {
             for (slot, bytes) in resp.raw_output_contents.iter_mut().zip(fetched) {
@@ -261,18 +295,18 @@ impl Transport for ShmTransport {
 /// `BYTES` the length-prefixed elements found in the window.
 fn output_size(
     out: &InferOutputTensor,
-    w: &OutputWindow,
-    region: &super::ShmRegion,
+    w: &Window,
+    lease: &SharedLease,
 ) -> Result<u64, TransportError> {
     let bad = |what: &str| malformed(format!("output '{}': {what}", out.name));
     let dtype = DataType::parse(&out.datatype).ok_or_else(|| bad("unknown datatype"))?;
     let count = element_count(&out.shape).ok_or_else(|| bad("invalid shape"))?;
     let size = match dtype.element_size() {
         Some(es) => count.checked_mul(es).map(|s| s as u64),
-        None => bytes_len(&region.read(w.offset, w.byte_size)?, count),
+        None => bytes_len(lease.slice(w.offset, w.len)?, count),
     }
     .ok_or_else(|| bad("does not fit its shared memory window"))?;
-    if size > w.byte_size {
+    if size > w.len {
         return Err(bad("does not fit its shared memory window"));
     }
     Ok(size)

@@ -167,9 +167,12 @@ fn staged_round_trip_equals_inline_and_registers_once() {
     let (resp, registered) = f.round_trip(request(&outputs));
     assert!(registered, "first use of a region registers it");
     assert_eq!(resp, inline);
+    // The outputs are views of the region: dropped, it goes back.
+    drop(resp);
     let (resp, registered) = f.round_trip(request(&outputs));
     assert!(!registered, "the region is reused, registered once");
     assert_eq!(resp, inline);
+    drop(resp);
     let c = f.transport.pool().counters();
     assert_eq!((c.created, c.reused, c.leased), (1, 2, 0));
     assert_eq!(f.server.region_count(), 1);
@@ -323,4 +326,105 @@ fn complete_rejects_a_response_missing_an_output() {
     );
     assert!(err.breaks_path());
     assert_eq!(f.transport.pool().counters().leased, 0);
+}
+
+/// Issue 27: outputs come back as views of the region, not copies; a view
+/// that outlives its call keeps the region from being lent again, and
+/// dropping it gives the region back.
+#[test]
+fn an_output_view_keeps_its_region_from_reuse_until_dropped() {
+    let f = fixture("transport-views", 1 << 30);
+    let pool = f.transport.pool().clone();
+    let (first, _) = f.round_trip(request(&["DOUBLE"]));
+    assert_eq!(
+        pool.counters().leased,
+        1,
+        "the output outlives its call: its region stays leased"
+    );
+    let (second, _) = f.round_trip(request(&["DOUBLE"]));
+    assert_eq!(
+        pool.counters().created,
+        2,
+        "a call while the view lives gets another region"
+    );
+    assert_eq!(first.raw_output_contents, second.raw_output_contents);
+    let kept = first.raw_output_contents[0].clone();
+    drop((first, second));
+    assert_eq!(
+        pool.counters().leased,
+        1,
+        "a clone of the view holds it too"
+    );
+    drop(kept);
+    assert_eq!(pool.counters().leased, 0, "dropped: released");
+    let (third, _) = f.round_trip(request(&["DOUBLE"]));
+    assert_eq!(third, model(&request(&["DOUBLE"])));
+    let c = pool.counters();
+    assert_eq!(
+        (c.created, c.reused),
+        (2, 1),
+        "a released region is lent again"
+    );
+}
+
+/// A request whose inputs the caller built in the region is staged without
+/// a copy: the references point at the windows it wrote.
+#[test]
+fn inputs_built_in_place_are_referenced_not_copied() {
+    let f = fixture("transport-in-place", 1 << 30);
+    let inline = request(&["DOUBLE", "COPY"]);
+    let layout = Layout::new(
+        inline.raw_input_contents.iter().map(|b| b.len() as u64),
+        [64u64 << 10, 64 << 10],
+    );
+    let mut lease = f.transport.pool().lease(layout.len).unwrap();
+    for (raw, w) in inline.raw_input_contents.iter().zip(&layout.inputs) {
+        lease
+            .bytes_mut(w.offset, w.len)
+            .unwrap()
+            .copy_from_slice(raw);
+    }
+    let lease = lease.share();
+    let mut req = inline.clone();
+    req.raw_input_contents = layout
+        .inputs
+        .iter()
+        .map(|w| lease.view(w.offset, w.len).unwrap())
+        .collect();
+    let mut staged = f
+        .transport
+        .stage_in_place(&mut req, &lease, &layout)
+        .unwrap();
+    let placed: Vec<u64> = req.inputs[..2]
+        .iter()
+        .map(|i| {
+            ShmRef::from_params(&i.name, &i.parameters)
+                .unwrap()
+                .unwrap()
+                .offset
+        })
+        .collect();
+    assert_eq!(placed, [layout.inputs[0].offset, layout.inputs[1].offset]);
+    assert_eq!(f.transport.pool().counters().created, 1, "no second region");
+    let r = staged.needs_register().unwrap();
+    f.server.handle_register(OWNER, &r.to_request()).unwrap();
+    staged.mark_registered();
+    f.server.take_inputs(OWNER, &mut req).unwrap();
+    let mut resp = model(&req);
+    f.server.place_outputs(OWNER, &req, &mut resp).unwrap();
+    f.transport.complete(staged, &mut resp).unwrap();
+    assert_eq!(resp, model(&inline));
+
+    // Inputs that are not views of the region are copied, as `stage` does.
+    let mut elsewhere = inline.clone();
+    let staged = f
+        .transport
+        .stage_in_place(&mut elsewhere, &lease, &layout)
+        .unwrap();
+    assert!(staged.is_rewritten());
+    assert_eq!(
+        f.transport.pool().counters().created,
+        2,
+        "copied into a region of its own"
+    );
 }
