@@ -43,7 +43,7 @@ use crate::config::{
     DEFAULT_REGISTRY, DEFAULT_SERVICE,
 };
 use crate::discovery::{self, Discovery, Membership, Source};
-use crate::paths::{Fallback, PathError, PathsConfig, Peer, Transport};
+use crate::paths::{Fallback, PathError, PathsConfig, Peer, Placed, Transport};
 use crate::retry_budget::RetryBudget;
 use crate::verdict::{Verdict, classify};
 use infermesh_transport::Path;
@@ -99,6 +99,14 @@ pub enum ClientError {
     /// A typed helper got an output it could not read.
     #[error("unexpected response: {0}")]
     BadResponse(String),
+    /// A leased request cannot be laid out as asked (`Client::lease`: an
+    /// unknown datatype or a bad shape; an input read as another type).
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    /// No shared memory could be leased (the pool is full, or `/dev/shm`
+    /// refused the region).
+    #[error("cannot lease shared memory: {0}")]
+    Lease(#[source] infermesh_transport::ShmError),
 }
 
 impl ClientError {
@@ -113,6 +121,8 @@ impl ClientError {
             ClientError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             ClientError::Status(s) => s.code(),
             ClientError::BadResponse(_) => Code::Internal,
+            ClientError::BadRequest(_) => Code::InvalidArgument,
+            ClientError::Lease(e) => e.to_status().code(),
         }
     }
 }
@@ -256,6 +266,11 @@ impl ClientBuilder {
             .transport
             .clone()
             .unwrap_or_else(|| Arc::new(Fallback::new(&self.paths)));
+        // Leases come from the pool the shared-memory rung sends from, so
+        // that a leased request reaches the local node without a copy.
+        let pool = transport
+            .shm_pool()
+            .unwrap_or_else(|| crate::leased::own_pool(&self.paths));
         let stack = Arc::new(Stack {
             core: Mutex::new(Core {
                 balancer: Balancer::new(self.balancer.clone(), self.seed),
@@ -265,6 +280,7 @@ impl ClientBuilder {
             }),
             membership: discovery.subscribe(),
             transport,
+            pool,
             config: self,
         });
         let follower = tokio::spawn(follow(Arc::clone(&stack), discovery.subscribe()));
@@ -334,6 +350,8 @@ struct Stack {
     core: Mutex<Core>,
     membership: watch::Receiver<Arc<Membership>>,
     transport: Arc<dyn Transport>,
+    /// Where `Client::lease` lends regions from.
+    pool: infermesh_transport::ShmPool,
     config: ClientBuilder,
 }
 
@@ -500,10 +518,14 @@ impl Stack {
         &self,
         guard: InFlight<'_>,
         req: &ModelInferRequest,
+        placed: Option<&Placed>,
         timeout: Duration,
     ) -> Attempt {
         let peer = Arc::clone(&guard.peer);
-        let call = self.transport.call(&peer, req, timeout);
+        let call = match placed {
+            Some(p) => self.transport.call_placed(&peer, req, p, timeout),
+            None => self.transport.call(&peer, req, timeout),
+        };
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
             Err(_) => {
@@ -682,6 +704,12 @@ impl Client {
         self.stack.membership.borrow().clone()
     }
 
+    /// The shared-memory pool leases come from (its counters show the
+    /// regions leased, views included).
+    pub fn shm_pool(&self) -> &infermesh_transport::ShmPool {
+        &self.stack.pool
+    }
+
     /// Sends `req` to the best node serving its model; on UNAVAILABLE,
     /// RESOURCE_EXHAUSTED, a connection error or a per-attempt timeout
     /// retries on a different node while the deadline, `max_attempts` and
@@ -704,10 +732,16 @@ impl Client {
             otel.kind = "client",
             model = %req.model_name,
         );
-        self.infer_traced(req).instrument(span).await
+        self.infer_traced(req, None).instrument(span).await
     }
 
-    async fn infer_traced(&self, req: ModelInferRequest) -> Result<Answered, ClientError> {
+    /// The retry layer; `placed`: the request's inputs lie in a leased
+    /// region (`Client::infer_leased`).
+    pub(crate) async fn infer_traced(
+        &self,
+        req: ModelInferRequest,
+        placed: Option<&Placed>,
+    ) -> Result<Answered, ClientError> {
         let stack = &*self.stack;
         let config = &stack.config;
         let start = now();
@@ -768,7 +802,7 @@ impl Client {
                 .attempt_timeout(&node, left, more)
                 .max(Duration::from_millis(1));
             let result = stack
-                .attempt(guard, &req, timeout)
+                .attempt(guard, &req, placed, timeout)
                 .instrument(tracing::info_span!(
                     "infermesh.attempt",
                     otel.kind = "client",

@@ -41,6 +41,7 @@ pub mod balancer;
 mod client;
 pub mod config;
 pub mod discovery;
+pub mod leased;
 pub mod paths;
 pub mod quic_path;
 pub mod rdma_path;
@@ -50,7 +51,8 @@ mod verdict;
 
 pub use client::{Answered, Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;
-pub use paths::{Fallback, PathError, PathsConfig, Peer, Transport};
+pub use leased::{LeasedRequest, OutputSpec, SharedRequest, TensorSpec};
+pub use paths::{Fallback, PathError, PathsConfig, Peer, Placed, Transport};
 pub use rdma_path::{RdmaPath, RdmaPathError};
 pub use retry_budget::RetryBudget;
 

@@ -37,7 +37,7 @@ use infermesh_proto::registry::NodeRecord;
 use infermesh_proto::tls::ClientTls;
 use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, channel::oip_channel_tls};
 use infermesh_rdma::RdmaEngine;
-use infermesh_transport::shm::{PoolConfig, ShmDir, ShmPool};
+use infermesh_transport::shm::{Layout, PoolConfig, SharedLease, ShmDir, ShmPool};
 use infermesh_transport::{
     Ladder, LadderConfig, LadderCounters, Path, ShmTransport, Transport as _,
 };
@@ -218,6 +218,28 @@ pub trait Transport: Send + Sync {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>>;
 
+    /// Sends a request whose raw inputs the caller built in place in a
+    /// region of the client's shared-memory pool: `req`'s
+    /// `raw_input_contents` are views of `placed`'s region. A path that
+    /// reaches the region (shared memory to the local node) sends
+    /// references to it and nothing is copied; any other path sends the
+    /// inputs inline from the region, which is what this default does.
+    fn call_placed<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        _placed: &'a Placed,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        self.call(peer, req, timeout)
+    }
+
+    /// The shared-memory pool callers lease regions from, when this
+    /// transport sends from one (`Client::lease`).
+    fn shm_pool(&self) -> Option<ShmPool> {
+        None
+    }
+
     /// Forgets what is kept for `node` (it left the membership).
     fn forget(&self, _node: &str) {}
 
@@ -225,6 +247,16 @@ pub trait Transport: Send + Sync {
     fn counters(&self) -> LadderCounters {
         LadderCounters::default()
     }
+}
+
+/// Where a leased request's tensors lie: its region, shared with the views
+/// of its inputs (and, once answered, of its outputs), and their windows.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    /// The region.
+    pub lease: SharedLease,
+    /// One window per input and per requested output.
+    pub layout: Layout,
 }
 
 /// Tensors inline in gRPC messages.
@@ -292,6 +324,62 @@ impl ShmRung {
             .or_insert_with(|| ShmTransport::new(self.pool.clone(), node))
             .clone()
     }
+
+    /// One call on shared memory: inputs copied into a pooled region, or
+    /// (`placed`) referenced where the caller built them.
+    async fn send(
+        &self,
+        peer: &Peer,
+        req: &ModelInferRequest,
+        placed: Option<&Placed>,
+        timeout: Duration,
+    ) -> Result<Response<ModelInferResponse>, PathError> {
+        let transport = self.transport(&peer.node);
+        let mut client = peer.grpc();
+        // An INVALID_ARGUMENT may mean the agent no longer knows our
+        // region (our connection was re-established, so the registration
+        // is gone): register afresh and send once more.
+        for again in [false, true] {
+            let mut staged_req = req.clone();
+            let staged = match placed {
+                Some(p) => transport.stage_in_place(&mut staged_req, &p.lease, &p.layout),
+                None => transport.stage(&mut staged_req),
+            };
+            let mut staged = staged.map_err(|e| PathError::Broken(e.to_string()))?;
+            if let Some(reg) = staged.needs_register() {
+                match client.system_shared_memory_register(reg.to_request()).await {
+                    Ok(_) => {}
+                    Err(s) if s.code() == Code::AlreadyExists => {}
+                    Err(s) => {
+                        return Err(PathError::Broken(format!(
+                            "registering the region: {}",
+                            s.message()
+                        )));
+                    }
+                }
+                staged.mark_registered();
+            }
+            let mut request = tonic::Request::new(staged_req);
+            request.set_timeout(timeout);
+            crate::trace::inject(request.metadata_mut());
+            match client.model_infer(request).await {
+                Ok(mut resp) => {
+                    transport
+                        .complete(staged, resp.get_mut())
+                        .map_err(|e| PathError::Broken(e.to_string()))?;
+                    return Ok(resp);
+                }
+                Err(s) if s.code() == Code::InvalidArgument => {
+                    transport.forget_registrations();
+                    if again {
+                        return Err(PathError::Suspect(s));
+                    }
+                }
+                Err(s) => return Err(PathError::Status(s)),
+            }
+        }
+        unreachable!("the loop returns")
+    }
 }
 
 impl Transport for ShmRung {
@@ -315,51 +403,21 @@ impl Transport for ShmRung {
         req: &'a ModelInferRequest,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
-        Box::pin(async move {
-            let transport = self.transport(&peer.node);
-            let mut client = peer.grpc();
-            // An INVALID_ARGUMENT may mean the agent no longer knows our
-            // region (our connection was re-established, so the registration
-            // is gone): register afresh and send once more.
-            for again in [false, true] {
-                let mut staged_req = req.clone();
-                let mut staged = transport
-                    .stage(&mut staged_req)
-                    .map_err(|e| PathError::Broken(e.to_string()))?;
-                if let Some(reg) = staged.needs_register() {
-                    match client.system_shared_memory_register(reg.to_request()).await {
-                        Ok(_) => {}
-                        Err(s) if s.code() == Code::AlreadyExists => {}
-                        Err(s) => {
-                            return Err(PathError::Broken(format!(
-                                "registering the region: {}",
-                                s.message()
-                            )));
-                        }
-                    }
-                    staged.mark_registered();
-                }
-                let mut request = tonic::Request::new(staged_req);
-                request.set_timeout(timeout);
-                crate::trace::inject(request.metadata_mut());
-                match client.model_infer(request).await {
-                    Ok(mut resp) => {
-                        transport
-                            .complete(staged, resp.get_mut())
-                            .map_err(|e| PathError::Broken(e.to_string()))?;
-                        return Ok(resp);
-                    }
-                    Err(s) if s.code() == Code::InvalidArgument => {
-                        transport.forget_registrations();
-                        if again {
-                            return Err(PathError::Suspect(s));
-                        }
-                    }
-                    Err(s) => return Err(PathError::Status(s)),
-                }
-            }
-            unreachable!("the loop returns")
-        })
+        Box::pin(self.send(peer, req, None, timeout))
+    }
+
+    fn call_placed<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        placed: &'a Placed,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(self.send(peer, req, Some(placed), timeout))
+    }
+
+    fn shm_pool(&self) -> Option<ShmPool> {
+        Some(self.pool.clone())
     }
 
     fn forget(&self, node: &str) {
@@ -473,6 +531,77 @@ impl Fallback {
     fn ladder(&self) -> std::sync::MutexGuard<'_, Ladder> {
         self.ladder.lock().expect("ladder lock")
     }
+
+    /// Sends `req` down the ladder from the rung it chooses for the node.
+    async fn route(
+        &self,
+        peer: &Peer,
+        req: &ModelInferRequest,
+        placed: Option<&Placed>,
+        timeout: Duration,
+    ) -> Result<Response<ModelInferResponse>, PathError> {
+        let node = peer.node.as_str();
+        let mut advertised = [Path::Grpc; Path::ALL.len()];
+        let mut n = 0;
+        for rung in &self.rungs {
+            if n < advertised.len() && rung.reaches(peer) && rung.suits(req) {
+                advertised[n] = rung.path();
+                n += 1;
+            }
+        }
+        let mut path = self.ladder().choose(node, &advertised[..n], now());
+        let mut suspect: Option<Path> = None;
+        // Each step moves down the ladder: at most one call per rung.
+        for _ in 0..self.rungs.len() {
+            let index = self.index(path);
+            let rung = &self.rungs[index];
+            let next_down = || {
+                self.rungs[index + 1..]
+                    .iter()
+                    .find(|r| r.reaches(peer) && r.suits(req))
+                    .map_or(Path::Grpc, |r| r.path())
+            };
+            let sent = match placed {
+                Some(p) => rung.call_placed(peer, req, p, timeout),
+                None => rung.call(peer, req, timeout),
+            };
+            match sent.await {
+                Ok(mut resp) => {
+                    // Which path carried it, for callers that report it
+                    // (`Client::infer_answered`).
+                    resp.extensions_mut().insert(path);
+                    let mut ladder = self.ladder();
+                    if let Some(broken) = suspect {
+                        ladder.on_failure(node, broken, now());
+                        tracing::warn!(%node, path = %broken, "path refused a request another path accepted; marked broken");
+                    }
+                    ladder.on_success(node, path, now());
+                    return Ok(resp);
+                }
+                Err(PathError::Status(s)) => return Err(PathError::Status(s)),
+                Err(PathError::Suspect(s)) if path == Path::Grpc => {
+                    return Err(PathError::Status(s));
+                }
+                Err(PathError::Suspect(_)) => {
+                    suspect = Some(path);
+                    path = next_down();
+                }
+                Err(PathError::NotApplicable(why)) => {
+                    tracing::debug!(%node, %why, %path, "request not suited to the path; next one down");
+                    path = next_down();
+                }
+                Err(PathError::Broken(reason)) if path != Path::Grpc => {
+                    let next = self.ladder().on_failure(node, path, now());
+                    tracing::warn!(%node, %reason, %path, fallback = %next, "path failed; re-sending the request");
+                    path = next;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(PathError::Broken(format!(
+            "no path to node '{node}' worked"
+        )))
+    }
 }
 
 fn now() -> std::time::Instant {
@@ -494,65 +623,21 @@ impl Transport for Fallback {
         req: &'a ModelInferRequest,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
-        Box::pin(async move {
-            let node = peer.node.as_str();
-            let mut advertised = [Path::Grpc; Path::ALL.len()];
-            let mut n = 0;
-            for rung in &self.rungs {
-                if n < advertised.len() && rung.reaches(peer) && rung.suits(req) {
-                    advertised[n] = rung.path();
-                    n += 1;
-                }
-            }
-            let mut path = self.ladder().choose(node, &advertised[..n], now());
-            let mut suspect: Option<Path> = None;
-            // Each step moves down the ladder: at most one call per rung.
-            for _ in 0..self.rungs.len() {
-                let index = self.index(path);
-                let rung = &self.rungs[index];
-                let next_down = || {
-                    self.rungs[index + 1..]
-                        .iter()
-                        .find(|r| r.reaches(peer) && r.suits(req))
-                        .map_or(Path::Grpc, |r| r.path())
-                };
-                match rung.call(peer, req, timeout).await {
-                    Ok(mut resp) => {
-                        // Which path carried it, for callers that report it
-                        // (`Client::infer_answered`).
-                        resp.extensions_mut().insert(path);
-                        let mut ladder = self.ladder();
-                        if let Some(broken) = suspect {
-                            ladder.on_failure(node, broken, now());
-                            tracing::warn!(%node, path = %broken, "path refused a request another path accepted; marked broken");
-                        }
-                        ladder.on_success(node, path, now());
-                        return Ok(resp);
-                    }
-                    Err(PathError::Status(s)) => return Err(PathError::Status(s)),
-                    Err(PathError::Suspect(s)) if path == Path::Grpc => {
-                        return Err(PathError::Status(s));
-                    }
-                    Err(PathError::Suspect(_)) => {
-                        suspect = Some(path);
-                        path = next_down();
-                    }
-                    Err(PathError::NotApplicable(why)) => {
-                        tracing::debug!(%node, %why, %path, "request not suited to the path; next one down");
-                        path = next_down();
-                    }
-                    Err(PathError::Broken(reason)) if path != Path::Grpc => {
-                        let next = self.ladder().on_failure(node, path, now());
-                        tracing::warn!(%node, %reason, %path, fallback = %next, "path failed; re-sending the request");
-                        path = next;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(PathError::Broken(format!(
-                "no path to node '{node}' worked"
-            )))
-        })
+        Box::pin(self.route(peer, req, None, timeout))
+    }
+
+    fn call_placed<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        placed: &'a Placed,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(self.route(peer, req, Some(placed), timeout))
+    }
+
+    fn shm_pool(&self) -> Option<ShmPool> {
+        self.rungs.iter().find_map(|r| r.shm_pool())
     }
 
     fn forget(&self, node: &str) {
