@@ -14,6 +14,14 @@ numpy arrays::
         out = client.infer("dense", {"INPUT0": np.ones((1, 16), np.float32)})
         print(out["OUTPUT0"])
 
+To the local node the arrays cross through shared memory. To skip the
+copy of the inputs into it, lease a region and build them there; outputs
+are read where the worker wrote them (see :meth:`Client.lease`)::
+
+    lease = client.lease("identity", {"INPUT0": ((4096, 1024), np.float32)})
+    lease.inputs["INPUT0"][...] = 0.5   # written in shared memory
+    out = client.infer_leased(lease)    # read-only arrays over it
+
 :class:`AsyncClient` is the asyncio variant (``await client.infer(...)``).
 Every error is an :class:`InfermeshError`; see the subclasses below.
 """
@@ -47,6 +55,7 @@ __all__ = [
     "DeadlineExceededError",
     "InfermeshError",
     "InvalidArgumentError",
+    "Lease",
     "ModelNotFoundError",
     "Node",
     "RegistryError",
@@ -172,6 +181,54 @@ def _decode(outs: List[Tuple[str, str, List[int], Any]]) -> Dict[str, np.ndarray
     return result
 
 
+_DATATYPE: Dict[np.dtype, str] = {d: name for name, d in _NUMPY.items()}
+
+
+class Lease:
+    """A region of the client's shared memory leased for one call (made by
+    :meth:`Client.lease`). ``inputs`` maps each input's name to a writable
+    numpy array over its window in the region: fill it in place, then send
+    the lease with :meth:`Client.infer_leased`. A lease is sent once.
+
+    The region goes back to the client's pool when the last array over it
+    (an input, or an output of the call) is gone; it is never reused while
+    one lives. Do not write the inputs while the call runs."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self.inputs: Dict[str, np.ndarray] = {}
+        for name, datatype, shape, buf in native.inputs():
+            raw = np.asarray(buf)
+            self.inputs[name] = raw.view(_NUMPY[datatype]).reshape(tuple(shape))
+
+
+def _lease_specs(
+    inputs: Mapping[str, Any], outputs: Optional[Union[Sequence[str], Mapping[str, int]]]
+) -> Tuple[List[Tuple[str, str, List[int]]], List[Tuple[str, Optional[int]]]]:
+    if not isinstance(inputs, Mapping):
+        raise _invalid("inputs must be a dict of name -> (shape, dtype)")
+    specs: List[Tuple[str, str, List[int]]] = []
+    for name, spec in inputs.items():
+        if not isinstance(name, str):
+            raise _invalid(f"input names must be str, got {type(name).__name__}")
+        try:
+            shape, dtype = spec
+            dtype = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).itemsize > 1 else np.dtype(dtype)
+            datatype = _DATATYPE[dtype]
+            dims = [int(d) for d in shape]
+        except (TypeError, ValueError, KeyError):
+            raise _invalid(
+                f"input '{name}': give (shape, dtype) with a fixed-size numpy dtype, got {spec!r}"
+            ) from None
+        specs.append((name, datatype, dims))
+    outs: List[Tuple[str, Optional[int]]] = []
+    if isinstance(outputs, Mapping):
+        outs = [(str(n), None if b is None else int(b)) for n, b in outputs.items()]
+    elif outputs is not None:
+        outs = [(n, None) for n in _names(outputs) or []]
+    return specs, outs
+
+
 def _nodes(native: Any) -> List[Node]:
     return [
         Node(
@@ -259,6 +316,36 @@ class Client:
         client's deadline). The GIL is released while the call waits."""
         outs = self._native.infer(model, _prepare(inputs), _names(outputs), timeout)
         return _decode(outs)
+
+    def lease(
+        self,
+        model: str,
+        inputs: Mapping[str, Any],
+        outputs: Optional[Union[Sequence[str], Mapping[str, int]]] = None,
+    ) -> Lease:
+        """Leases a region of the client's shared memory for one call to
+        ``model``, to build its inputs in place (no copy into shared memory
+        on the way to the local node). ``inputs`` maps each input's name to
+        ``(shape, dtype)``; ``outputs`` names the outputs wanted (or maps
+        each to the bytes to reserve for it; by default the inputs' total
+        size, at least 64 KiB). Raises :class:`ResourceExhaustedError` when
+        the pool is full."""
+        specs, outs = _lease_specs(inputs, outputs)
+        return Lease(self._native.lease(model, specs, outs))
+
+    def infer_leased(self, lease: Lease, timeout: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """Sends a :class:`Lease` whose inputs are filled; returns its outputs
+        as read-only arrays (over the region when shared memory carried the
+        call, without a copy)."""
+        if not isinstance(lease, Lease):
+            raise _invalid("infer_leased takes a Lease from Client.lease")
+        return _decode(self._native.infer_leased(lease._native, timeout))
+
+    def shm_counters(self) -> Dict[str, int]:
+        """The shared-memory pool's counters: regions ``created``, ``leased``
+        now (a lease, or any array over a region, holds one), ``reused``,
+        ``retired``, ``exhausted`` (leases refused), ``total_bytes``."""
+        return self._native.shm_counters()
 
     def nodes(self) -> List[Node]:
         """The nodes known now."""
@@ -351,6 +438,27 @@ class AsyncClient(Client):
         call = self._native.infer_async(
             model, _prepare(inputs), _names(outputs), timeout, self._completions, call_id
         )
+        self._pending[call_id] = fut
+        try:
+            outs = await fut
+        except asyncio.CancelledError:
+            self._pending.pop(call_id, None)
+            call.cancel()
+            raise
+        return _decode(outs)
+
+    async def infer_leased(  # type: ignore[override]
+        self, lease: Lease, timeout: Optional[float] = None
+    ) -> Dict[str, np.ndarray]:
+        """As :meth:`Client.infer_leased`, awaited."""
+        if not isinstance(lease, Lease):
+            raise _invalid("infer_leased takes a Lease from Client.lease")
+        loop = asyncio.get_running_loop()
+        self._attach(loop)
+        call_id = self._next_id
+        self._next_id += 1
+        fut: "asyncio.Future[Any]" = loop.create_future()
+        call = self._native.infer_leased_async(lease._native, timeout, self._completions, call_id)
         self._pending[call_id] = fut
         try:
             outs = await fut

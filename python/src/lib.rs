@@ -16,7 +16,11 @@
 //!   once into the HTTP/2 frame, the shared-memory rung once into the region.
 //! - **Outputs without a copy**: each output's `Bytes` is wrapped in a
 //!   [`Buffer`] exposing `__array_interface__` (read-only), which numpy
-//!   views in place.
+//!   views in place. Over shared memory those bytes are a view of the
+//!   client's region (the region stays leased while the array lives).
+//! - **Inputs built in place** (`lease`, [`lease`] module): numpy arrays
+//!   over a leased region of the client's shared memory, filled by the
+//!   caller and sent by reference to the local node.
 //! - **The GIL** is released while a call waits ([`Python::detach`]); the
 //!   async variant runs the call on the process's runtime, queues the
 //!   result in a [`Completions`] and wakes the event loop through a socket
@@ -43,6 +47,8 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use tonic::Code;
+
+mod lease;
 
 create_exception!(
     infermesh,
@@ -147,6 +153,11 @@ fn to_py_err(py: Python<'_>, e: &ClientError) -> PyErr {
         ClientError::ModelNotFound { .. } => ModelNotFoundError::new_err(msg),
         ClientError::DeadlineExceeded { .. } => DeadlineExceededError::new_err(msg),
         ClientError::BadResponse(_) => ServerError::new_err(msg),
+        ClientError::BadRequest(_) => InvalidArgumentError::new_err(msg),
+        ClientError::Lease(_) if code == Code::ResourceExhausted => {
+            ResourceExhaustedError::new_err(msg)
+        }
+        ClientError::Lease(_) => InfermeshError::new_err(msg),
         ClientError::Status(_) => match code {
             Code::NotFound => ModelNotFoundError::new_err(msg),
             Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
@@ -760,6 +771,66 @@ impl NativeClient {
         })
     }
 
+    /// Leases a region of the client's shared memory for one call to
+    /// `model`: `inputs` as `(name, datatype, shape)`, `outputs` as
+    /// `(name, max_bytes or None)`.
+    fn lease(
+        &self,
+        py: Python<'_>,
+        model: String,
+        inputs: Vec<(String, String, Vec<i64>)>,
+        outputs: Vec<(String, Option<u64>)>,
+    ) -> PyResult<lease::Lease> {
+        let client = self.client(py)?;
+        lease::lease(py, &client, model, inputs, outputs)
+    }
+
+    /// Sends a leased request and waits for it with the GIL released.
+    #[pyo3(signature = (lease, timeout=None))]
+    fn infer_leased(
+        &self,
+        py: Python<'_>,
+        lease: &lease::Lease,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<Output>> {
+        let client = self.client(py)?;
+        let timeout = seconds(py, "timeout", timeout)?;
+        let req = Arc::clone(&lease.request);
+        let result = py.detach(|| runtime().block_on(lease::call(client, req, timeout)));
+        result.map_err(|e| to_py_err(py, &e))
+    }
+
+    /// Starts a leased request on the runtime, as `infer_async` does.
+    #[pyo3(signature = (lease, timeout, completions, id))]
+    fn infer_leased_async(
+        &self,
+        py: Python<'_>,
+        lease: &lease::Lease,
+        timeout: Option<f64>,
+        completions: &Completions,
+        id: u64,
+    ) -> PyResult<Call> {
+        let client = self.client(py)?;
+        let timeout = seconds(py, "timeout", timeout)?;
+        let req = Arc::clone(&lease.request);
+        let queue = Arc::clone(&completions.queue);
+        let task = runtime().spawn(async move {
+            let result = lease::call(client, req, timeout).await;
+            queue.push(id, result);
+        });
+        Ok(Call {
+            handle: task.abort_handle(),
+        })
+    }
+
+    /// The shared-memory pool's counters: regions `created`, `leased` now
+    /// (arrays over a region hold it), `reused`, `retired`, `exhausted`,
+    /// `total_bytes`.
+    fn shm_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.client(py)?;
+        lease::counters(py, &client)
+    }
+
     /// The nodes known now: one dict per node.
     fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let client = self.client(py)?;
@@ -859,6 +930,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Buffer>()?;
     m.add_class::<Call>()?;
     m.add_class::<Completions>()?;
+    m.add_class::<lease::Lease>()?;
+    m.add_class::<lease::RegionBuffer>()?;
     m.add("InfermeshError", py.get_type::<InfermeshError>())?;
     m.add("RegistryError", py.get_type::<RegistryError>())?;
     m.add("UnavailableError", py.get_type::<UnavailableError>())?;

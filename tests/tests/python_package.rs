@@ -20,6 +20,10 @@
 //! - `test_shm.py`: with `local_node`, every call takes shared memory; the
 //!   agent's `infermesh_transport_requests_total{path="shm_passthrough"}`
 //!   counts them (checked here), and an agent called without it counts gRPC.
+//! - `test_leased.py`: a leased region's inputs are numpy arrays filled in
+//!   place, outputs are read-only arrays over the region, which is not
+//!   reused while one lives; a lease is sent once; to a remote node it goes
+//!   inline.
 //! - `test_tls.py`: an agent in ZooKeeper that requires client certificates
 //!   (mTLS): `tls=infermesh.TLS(ca, cert, key)` and the `INFERMESH_TLS_*`
 //!   environment reach it; without a client certificate the handshake is
@@ -219,6 +223,29 @@ async fn python_uses_shared_memory_to_the_local_agent() {
     let m = remote.metrics().await;
     assert_eq!(counter(&m, &path("grpc")), calls, "{m}");
     assert_eq!(counter(&m, &path("shm_passthrough")), 0, "{m}");
+}
+
+#[tokio::test]
+async fn python_leases_shared_memory_and_views_outputs_in_place() {
+    let local = Agent::builder()
+        .worker(testworker("--model identity"))
+        .start()
+        .await;
+    let remote = Agent::builder()
+        .worker(testworker("--model identity"))
+        .start()
+        .await;
+    let env = [
+        ("INFERMESH_LOCAL_NODE", local.oip.to_string()),
+        ("INFERMESH_REMOTE_NODE", remote.oip.to_string()),
+    ];
+    pytest(&["test_leased.py"], &env).await;
+    let path = |p: &str| format!("infermesh_transport_requests_total{{path=\"{p}\"}}");
+    let m = local.metrics().await;
+    assert!(counter(&m, &path("shm_passthrough")) > 0, "{m}");
+    assert_eq!(counter(&m, &path("grpc")), 0, "{m}");
+    let m = remote.metrics().await;
+    assert_eq!(counter(&m, &path("grpc")), 1, "{m}");
 }
 
 #[tokio::test]
