@@ -6,6 +6,8 @@
 # concurrency 1 and 16. Release builds; the package is installed with
 # `pip install ./python` into target/py-bench (with tritonclient[grpc]).
 # Usage: scripts/bench-python.sh [DURATION_S]   (default 5 s per run)
+#        SIZES="16777216" CONCS="1 4" MODES="infermesh-leased tritonclient-shm" \
+#          scripts/bench-python.sh 5          (a subset, interleaved the same way)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-5}
@@ -31,9 +33,9 @@ sys.exit(0 if g.InferenceServerClient('127.0.0.1:$oip').is_model_ready('identity
   sleep 0.1
 done
 printf '%-17s %9s %4s %9s %9s %9s %12s\n' mode size conc req/s 'p50 ms' 'p99 ms' 'cpu ms/call'
-for size in 1024 16777216; do
-  for conc in 1 16; do
-    for mode in infermesh-shm infermesh-async infermesh-grpc tritonclient tritonclient-shm; do
+for size in ${SIZES:-1024 16777216}; do
+  for conc in ${CONCS:-1 16}; do
+    for mode in ${MODES:-infermesh-shm infermesh-leased infermesh-async infermesh-grpc tritonclient tritonclient-shm}; do
       "$venv/bin/python" scripts/bench_python.py "127.0.0.1:$oip" "$mode" "$size" "$conc" "$duration" |
         python3 -c '
 import json, sys

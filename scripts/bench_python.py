@@ -7,6 +7,10 @@ Modes:
 
 - infermesh-shm: `infermesh.Client` with the agent as its local node (the
   shared-memory path); one client shared by the threads.
+- infermesh-leased: the same client; each call leases a region
+  (`client.lease`), writes the input into it (one copy, as tritonclient-shm
+  writes its region) and reads the output where the worker wrote it
+  (`infer_leased`: read-only arrays over the region).
 - infermesh-grpc: the same without `local_node` (tensors inline over gRPC).
 - infermesh-async: `infermesh.AsyncClient` with the agent as its local node,
   CONCURRENCY tasks on one event loop in one thread.
@@ -32,6 +36,16 @@ import numpy as np
 
 
 def make_call(mode: str, url: str, x: np.ndarray, index: int, shared: dict) -> Callable[[], np.ndarray]:
+    if mode == "infermesh-leased":
+        client = shared["client"]
+        spec = {"INPUT0": (x.shape, np.float32)}
+
+        def call_leased() -> np.ndarray:
+            lease = client.lease("identity", spec, outputs=["OUTPUT0"])
+            lease.inputs["INPUT0"][...] = x
+            return client.infer_leased(lease)["OUTPUT0"]
+
+        return call_leased
     if mode.startswith("infermesh"):
         client = shared["client"]
         # OUTPUT0 listed, as tritonclient's calls list it: on the shm path
@@ -127,7 +141,7 @@ def main() -> None:
     if mode.startswith("infermesh"):
         import infermesh
 
-        local = url if mode == "infermesh-shm" else None
+        local = url if mode in ("infermesh-shm", "infermesh-leased") else None
         # One node: nowhere to retry, so one attempt with the whole deadline
         # (with more, an attempt past its per-attempt timeout would end the
         # call at once, as no other node is left to try).
@@ -182,7 +196,7 @@ def main() -> None:
         "p99_ms": float(np.percentile(all_lat, 99) * 1e3),
         "cpu_ms_per_call": cpu * 1e3 / max(total_calls, 1),
     }
-    if mode == "infermesh-shm":
+    if mode in ("infermesh-shm", "infermesh-leased"):
         paths = shared["client"].path_counters()
         result["shm_calls"] = paths["shm"]["successes"]
         result["grpc_calls"] = paths["grpc"]["attempts"]

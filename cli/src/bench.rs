@@ -95,6 +95,13 @@ pub struct BenchArgs {
     /// a plain memcpy of the same size as the physical limit.
     #[arg(long, value_enum)]
     transport: Option<TransportArg>,
+    /// Through the client library (--transport or --registry): each request
+    /// leases a region of the library's shared-memory pool, writes its input
+    /// there (one copy, as a caller producing it in place would make at
+    /// most) and reads the outputs where the worker left them
+    /// (`Client::lease` and `infer_leased`: zero-copy to the local node).
+    #[arg(long)]
+    leased: bool,
     /// TLS to the agents (`--tls-ca` also turns it on for --target).
     #[command(flatten)]
     tls: crate::ops::TlsArgs,
@@ -149,7 +156,8 @@ struct Failed {
 #[derive(Clone)]
 enum Caller {
     Direct(Arc<[GrpcInferenceServiceClient<Channel>]>, Arc<AtomicU64>),
-    Mesh(infermesh_client::Client),
+    /// Through the client library; `true`: leased requests.
+    Mesh(infermesh_client::Client, bool),
 }
 
 impl Caller {
@@ -174,23 +182,50 @@ impl Caller {
                         message: s.message().to_string(),
                     })
             }
-            Caller::Mesh(c) => c
-                .infer_answered(req)
-                .await
-                .map(|a| Carried {
-                    node: Some(a.node),
-                    path: a.path,
-                })
-                .map_err(|e| Failed {
-                    code: match &e {
-                        infermesh_client::ClientError::Status(s) => status_code_name(s),
-                        infermesh_client::ClientError::NoNode { .. } => "NoNode".to_string(),
-                        other => format!("{:?}", other.code()),
-                    },
-                    message: e.to_string(),
-                }),
+            Caller::Mesh(c, leased) => match *leased {
+                true => leased_call(c, &req).await,
+                false => c.infer_answered(req).await,
+            }
+            .map(|a| Carried {
+                node: Some(a.node),
+                path: a.path,
+            })
+            .map_err(|e| Failed {
+                code: match &e {
+                    infermesh_client::ClientError::Status(s) => status_code_name(s),
+                    infermesh_client::ClientError::NoNode { .. } => "NoNode".to_string(),
+                    other => format!("{:?}", other.code()),
+                },
+                message: e.to_string(),
+            }),
         }
     }
+}
+
+/// One leased request shaped as `req` (its first input and requested
+/// outputs): the input is written into the leased region, the outputs are
+/// left where the worker wrote them (dropped unread, as `Direct` drops its
+/// response).
+async fn leased_call(
+    client: &infermesh_client::Client,
+    req: &ModelInferRequest,
+) -> Result<infermesh_client::Answered, infermesh_client::ClientError> {
+    use infermesh_client::{OutputSpec, TensorSpec};
+    let input = &req.inputs[0];
+    let datatype =
+        infermesh_proto::tensor::DataType::parse(&input.datatype).expect("the bench sends FP32");
+    let outputs: Vec<OutputSpec> = req
+        .outputs
+        .iter()
+        .map(|o| OutputSpec::new(&o.name))
+        .collect();
+    let mut leased = client.lease(
+        &req.model_name,
+        &[TensorSpec::new(&input.name, datatype, &input.shape)],
+        &outputs,
+    )?;
+    leased.input(0)?.copy_from_slice(&req.raw_input_contents[0]);
+    client.infer_leased(leased).await
 }
 
 /// The name an error is counted under: its gRPC code, except that tonic's
@@ -319,7 +354,7 @@ async fn run(args: BenchArgs) -> i32 {
                 .build()
                 .await;
             match client {
-                Ok(c) => Caller::Mesh(c),
+                Ok(c) => Caller::Mesh(c, args.leased),
                 Err(e) => {
                     eprintln!("error: {e}");
                     return exit::USAGE;
@@ -399,11 +434,17 @@ async fn run(args: BenchArgs) -> i32 {
                     Ok(None) => {}
                 }
             }
-            Caller::Mesh(client)
+            Caller::Mesh(client, args.leased)
         }
         (None, None) => unreachable!("clap requires --target or --registry"),
     };
 
+    if args.leased && matches!(caller, Caller::Direct(..)) {
+        eprintln!(
+            "error: --leased goes through the client library: add --transport or use --registry"
+        );
+        return exit::USAGE;
+    }
     let rows = (args.size_bytes as usize / ROW_BYTES).max(1);
     let input: Vec<f32> = (0..rows * 16)
         .map(|i| (i % 97) as f32 / 97.0 - 0.5)
@@ -515,7 +556,7 @@ async fn run(args: BenchArgs) -> i32 {
     // The client forgets a node that leaves membership: note each node's
     // last attempt while the load runs, so that one that left still shows.
     let last_attempts = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
-    if let Caller::Mesh(c) = &caller {
+    if let Caller::Mesh(c, _) = &caller {
         let (c, last_attempts) = (c.clone(), Arc::clone(&last_attempts));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -600,7 +641,7 @@ async fn run(args: BenchArgs) -> i32 {
         requests_by_node: nodes,
         requests_by_path: paths,
         last_attempt_unix_ms_by_node: match &caller {
-            Caller::Mesh(c) => {
+            Caller::Mesh(c, _) => {
                 note_last_attempts(c, &last_attempts);
                 last_attempts.lock().expect("last attempts").clone()
             }
@@ -613,7 +654,7 @@ async fn run(args: BenchArgs) -> i32 {
         latency_all_ms: latency(&hist_all),
         transport: args.transport.map(|t| t.name().to_string()),
         paths: match (&caller, args.transport) {
-            (Caller::Mesh(c), Some(_)) => c
+            (Caller::Mesh(c, _), Some(_)) => c
                 .path_counters()
                 .iter()
                 .filter(|(_, n)| n.attempts > 0)
