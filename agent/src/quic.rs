@@ -13,9 +13,12 @@
 //! frame's header ends in the layout of a gRPC message frame (flag 0, then
 //! the length), so the received buffer is forwarded to the worker from its
 //! fifth byte as it came, and the worker's gRPC response message goes back
-//! as it came, followed by the load report. Nothing is decoded and encoded
-//! again (before, a QUIC request took the decoding path and a 1 MiB tensor
-//! was copied four more times than on gRPC).
+//! as it came, chunk by chunk as the worker sends it (within QUIC's flow
+//! control; nothing waits for the whole answer), followed by the load
+//! report. Nothing is decoded and encoded again (before, a QUIC request
+//! took the decoding path and a 1 MiB tensor was copied four more times
+//! than on gRPC). An answer that breaks off after part of it was sent
+//! resets the stream, so the client re-sends the request on its next path.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,13 +28,14 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body_util::{BodyExt, Full};
 use infermesh_proto::quic::{
-    Answer, FrameError, REQUEST_HEADER, encode_report, encode_response, request_header,
+    Answer, FrameError, MAX_UDP_PAYLOAD, REQUEST_HEADER, encode_report, encode_response,
+    request_header,
 };
 use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use crate::forward::{InferPath, copy_prefix};
+use crate::forward::InferPath;
 use crate::grpc::{FRAME_HEADER, MODEL_INFER_PATH, frame_header};
 use crate::pool::Pool;
 use crate::server::Shutdown;
@@ -68,7 +72,10 @@ pub fn bind(
         .map_err(|e| std::io::Error::other(format!("QUIC TLS configuration: {e}")))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(MAX_UDP_PAYLOAD);
     transport
+        .mtu_discovery_config(Some(mtu))
         .max_concurrent_bidi_streams(limits.max_streams.into())
         .max_concurrent_uni_streams(0u32.into())
         .stream_receive_window(STREAM_WINDOW.into())
@@ -76,7 +83,17 @@ pub fn bind(
         .send_window(CONNECTION_WINDOW.into())
         .max_idle_timeout(limits.idle_timeout.try_into().ok());
     server.transport_config(Arc::new(transport));
-    quinn::Endpoint::server(server, addr)
+    let mut endpoint = quinn::EndpointConfig::default();
+    endpoint
+        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .map_err(|e| std::io::Error::other(format!("QUIC endpoint configuration: {e}")))?;
+    let socket = std::net::UdpSocket::bind(addr)?;
+    quinn::Endpoint::new(
+        endpoint,
+        Some(server),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
 }
 
 /// Serves `endpoint` until `shutdown.graceful` (no new connections or
@@ -188,10 +205,26 @@ async fn stream(
     let refused = |code: tonic::Code, message: String| {
         let mut report = HeaderMap::new();
         add_report(&pool, &mut report);
-        (Err(Answer::Status(code as i32, message)), report)
+        (Answer::Status(code as i32, message), report)
     };
-    let (reply, trailers) = match read {
-        Ok(Ok((frame, timeout_ms))) => pass_through(&infer, frame, timeout_ms).await,
+    let (status, trailers) = match read {
+        Ok(Ok((frame, timeout_ms))) => match relay(&infer, frame, timeout_ms, &mut send).await {
+            Relayed::Sent => {
+                let _ = send.finish();
+                let _ = send.stopped().await;
+                return;
+            }
+            Relayed::Unsent(status, trailers) => (status, *trailers),
+            Relayed::Broken(why) => {
+                // Part of an answer is out and the rest cannot follow: the
+                // client sees the stream reset and sends the request again
+                // on its next path.
+                tracing::debug!(%why, "QUIC answer cut off: stream reset");
+                let _ = send.reset(RESET_BROKEN_ANSWER.into());
+                return;
+            }
+            Relayed::Gone => return,
+        },
         Ok(Err(ReadError::TooLong(len))) => refused(
             tonic::Code::ResourceExhausted,
             format!(
@@ -211,27 +244,27 @@ async fn stream(
             "the request did not arrive within read_timeout".into(),
         ),
     };
-    // The report: the response's trailers but the gRPC status, which the
-    // frame carries itself.
-    let report: Vec<(&str, &[u8])> = trailers
-        .iter()
-        .filter(|(n, _)| !n.as_str().starts_with("grpc-"))
-        .map(|(n, v)| (n.as_str(), v.as_bytes()))
-        .collect();
-    let mut chunks = match reply {
-        // The gRPC message frame is the answer's first part.
-        Ok(mut message) => {
-            message.push(encode_report(&report));
-            message
-        }
-        Err(status) => vec![encode_response(&status, &report)],
-    };
-    if send.write_all_chunks(&mut chunks).await.is_ok() {
+    let frame = encode_response(&status, &report_of(&trailers));
+    if send.write_chunk(frame).await.is_ok() {
         let _ = send.finish();
         // Wait until the peer has the bytes (or the stream is gone), so
         // that a closing connection does not cut the response short.
         let _ = send.stopped().await;
     }
+}
+
+/// The QUIC error code of a stream reset because the worker's answer broke
+/// off after part of it was sent.
+const RESET_BROKEN_ANSWER: u32 = 1;
+
+/// The load report: an answer's trailers but the gRPC status, which the
+/// frame carries itself.
+fn report_of(trailers: &HeaderMap) -> Vec<(&str, &[u8])> {
+    trailers
+        .iter()
+        .filter(|(n, _)| !n.as_str().starts_with("grpc-"))
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect()
 }
 
 /// Why a request frame could not be read.
@@ -284,14 +317,30 @@ async fn read_request(
     Ok((frame.freeze(), timeout_ms))
 }
 
-/// Serves one request frame on the pass-through path: the response's gRPC
-/// message frame (as chunks, as they came) or the status that ended it, and
-/// the trailers (with the load report).
-async fn pass_through(
+/// How a relayed answer ended.
+enum Relayed {
+    /// The worker's message and the load report were written.
+    Sent,
+    /// Nothing was written: the answer is this status (and report).
+    Unsent(Answer, Box<HeaderMap>),
+    /// Part of the message was written and the rest cannot follow.
+    Broken(String),
+    /// The client is gone.
+    Gone,
+}
+
+/// Serves one request frame on the pass-through path and writes the
+/// worker's gRPC response message to `send` as its chunks arrive (no
+/// whole-message buffering: the first bytes go out while the worker is
+/// still sending the rest, within QUIC's flow control), then the load
+/// report from the trailers. The message is checked as it passes: one
+/// uncompressed gRPC frame, exactly as long as its header says.
+async fn relay(
     infer: &InferPath,
     frame: Bytes,
     timeout_ms: u32,
-) -> (Result<Vec<Bytes>, Answer>, HeaderMap) {
+    send: &mut quinn::SendStream,
+) -> Relayed {
     let mut req = http::Request::post(MODEL_INFER_PATH)
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
@@ -305,51 +354,126 @@ async fn pass_through(
         .call_via(req, crate::metrics::TransportPath::Quic)
         .await
         .into_parts();
-    let mut message = Vec::new();
-    let mut trailers = None;
     let internal = |why: String| Answer::Status(tonic::Code::Internal as i32, why);
+    let mut message = MessageCheck::default();
+    // The first bytes wait until the frame header is whole and checked.
+    let mut held: Vec<Bytes> = Vec::new();
+    let mut trailers = None;
     while let Some(frame) = body.frame().await {
-        match frame {
+        let data = match frame {
             Ok(frame) => match frame.into_data() {
-                Ok(data) => message.push(data),
-                Err(frame) => trailers = frame.into_trailers().ok(),
+                Ok(data) => data,
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    continue;
+                }
             },
             Err(status) => {
                 let mut report = HeaderMap::new();
                 let _ = status.add_header(&mut report);
-                return (Err(internal(status.message().to_string())), report);
+                return match message.sent {
+                    0 => Relayed::Unsent(internal(status.message().to_string()), Box::new(report)),
+                    _ => Relayed::Broken(status.message().to_string()),
+                };
             }
+        };
+        if let Err(why) = message.pass(&data) {
+            return match message.sent {
+                0 => Relayed::Unsent(internal(why.into()), Box::default()),
+                _ => Relayed::Broken(why.into()),
+            };
+        }
+        held.push(data);
+        if message.checked() {
+            if send.write_all_chunks(&mut held).await.is_err() {
+                return Relayed::Gone;
+            }
+            message.sent += held.iter().map(Bytes::len).sum::<usize>();
+            held.clear();
         }
     }
     // A trailers-only answer carries its status in the headers.
     let trailers = trailers.unwrap_or(head.headers);
-    let reply = match tonic::Status::from_header_map(&trailers) {
-        Some(s) if s.code() == tonic::Code::Ok => match check_message(&message) {
-            Ok(()) => Ok(message),
-            Err(why) => Err(internal(why.into())),
-        },
-        Some(s) => Err(Answer::Status(s.code() as i32, s.message().to_string())),
-        None => Err(internal("the response ended without a gRPC status".into())),
-    };
-    (reply, trailers)
+    let status = tonic::Status::from_header_map(&trailers);
+    let ok = status.as_ref().is_some_and(|s| s.code() == tonic::Code::Ok);
+    match (ok, message.complete(), message.sent) {
+        (true, Ok(()), _) => {
+            held.push(encode_report(&report_of(&trailers)));
+            match send.write_all_chunks(&mut held).await {
+                Ok(()) => Relayed::Sent,
+                Err(_) => Relayed::Gone,
+            }
+        }
+        (true, Err(why), 0) => Relayed::Unsent(internal(why.into()), Box::new(trailers)),
+        (true, Err(why), _) => Relayed::Broken(why.into()),
+        (false, _, 0) => {
+            let answer = match status {
+                Some(s) => Answer::Status(s.code() as i32, s.message().to_string()),
+                None => internal("the response ended without a gRPC status".into()),
+            };
+            Relayed::Unsent(answer, Box::new(trailers))
+        }
+        (false, _, _) => Relayed::Broken("the worker failed after part of its answer".into()),
+    }
 }
 
-/// That `chunks` hold exactly one uncompressed gRPC message frame.
-fn check_message(chunks: &[Bytes]) -> Result<(), &'static str> {
-    let total: usize = chunks.iter().map(Bytes::len).sum();
-    let mut head = [0u8; FRAME_HEADER];
-    if total < FRAME_HEADER {
-        return Err("the worker's response is not one uncompressed gRPC message");
+/// Checks, as its chunks pass, that a worker's answer is one uncompressed
+/// gRPC message frame.
+#[derive(Default)]
+struct MessageCheck {
+    /// The frame header, as far as it has arrived.
+    header: [u8; FRAME_HEADER],
+    seen: usize,
+    /// The message's length, once the header is whole.
+    len: Option<usize>,
+    /// Bytes written to the client.
+    sent: usize,
+}
+
+const NOT_ONE_MESSAGE: &str = "the worker's response is not one uncompressed gRPC message";
+
+impl MessageCheck {
+    fn pass(&mut self, data: &[u8]) -> Result<(), &'static str> {
+        if self.len.is_none() {
+            let n = (FRAME_HEADER - self.seen).min(data.len());
+            self.header[self.seen..self.seen + n].copy_from_slice(&data[..n]);
+            self.seen += n;
+            if self.seen == FRAME_HEADER {
+                let (compressed, len) = frame_header(&self.header);
+                if compressed {
+                    return Err(NOT_ONE_MESSAGE);
+                }
+                self.len = Some(len);
+                self.seen = FRAME_HEADER;
+                return self.pass_body(data.len() - n);
+            }
+            return Ok(());
+        }
+        self.pass_body(data.len())
     }
-    copy_prefix(chunks, &mut head);
-    let (compressed, len) = frame_header(&head);
-    if compressed {
-        return Err("the worker's response is not one uncompressed gRPC message");
+
+    fn pass_body(&mut self, n: usize) -> Result<(), &'static str> {
+        self.seen += n;
+        match self.len {
+            Some(len) if self.seen > FRAME_HEADER + len => {
+                Err("the worker's response is not one gRPC message")
+            }
+            _ => Ok(()),
+        }
     }
-    if total != FRAME_HEADER + len {
-        return Err("the worker's response is not one gRPC message");
+
+    /// The header is whole and good: what was held may go out.
+    fn checked(&self) -> bool {
+        self.len.is_some()
     }
-    Ok(())
+
+    fn complete(&self) -> Result<(), &'static str> {
+        match self.len {
+            Some(len) if self.seen == FRAME_HEADER + len => Ok(()),
+            Some(_) => Err("the worker's response is not one gRPC message"),
+            None => Err(NOT_ONE_MESSAGE),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -361,6 +485,14 @@ mod tests {
         f.extend_from_slice(&(message.len() as u32).to_be_bytes());
         f.extend_from_slice(message);
         f.into()
+    }
+
+    fn check_message(chunks: &[Bytes]) -> Result<(), &'static str> {
+        let mut check = MessageCheck::default();
+        for c in chunks {
+            check.pass(c)?;
+        }
+        check.complete()
     }
 
     #[test]

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
-use infermesh_proto::quic::{ALPN, Answer, decode_response, encode_request};
+use infermesh_proto::quic::{
+    ALPN, Answer, MAX_UDP_PAYLOAD, decode_response, encode_request_chunks,
+};
 use infermesh_proto::tls::ClientTls;
 use infermesh_transport::Path;
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey, MetadataMap};
@@ -54,7 +56,13 @@ impl QuicRung {
             (&self.v6, "[::]:0")
         };
         cell.get_or_init(|| {
-            quinn::Endpoint::client(bind.parse().expect("valid"))
+            let mut config = quinn::EndpointConfig::default();
+            config
+                .max_udp_payload_size(MAX_UDP_PAYLOAD)
+                .map_err(|e| format!("QUIC endpoint configuration: {e}"))?;
+            let socket = std::net::UdpSocket::bind(bind)
+                .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+            quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime))
                 .map_err(|e| format!("cannot open a UDP socket: {e}"))
         })
         .clone()
@@ -77,7 +85,10 @@ impl QuicRung {
             .map_err(|e| format!("QUIC TLS configuration: {e}"))?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
         let mut transport = quinn::TransportConfig::default();
+        let mut mtu = quinn::MtuDiscoveryConfig::default();
+        mtu.upper_bound(MAX_UDP_PAYLOAD);
         transport
+            .mtu_discovery_config(Some(mtu))
             .stream_receive_window((16u32 << 20).into())
             .receive_window((64u32 << 20).into())
             .send_window(64 << 20)
@@ -114,7 +125,9 @@ impl QuicRung {
         };
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| broken(&e))?;
         let timeout_ms = timeout.as_millis().min(u32::MAX as u128) as u32;
-        send.write_all(&encode_request(req, timeout_ms))
+        // The tensors go from the request's own buffers: no copy into a
+        // frame first.
+        send.write_all_chunks(&mut encode_request_chunks(req, timeout_ms))
             .await
             .map_err(|e| broken(&e))?;
         send.finish().map_err(|e| broken(&e))?;

@@ -16,6 +16,16 @@ use prost::Message;
 
 use crate::inference::{ModelInferRequest, ModelInferResponse};
 
+/// Largest UDP payload either end of the QUIC rung accepts, and the upper
+/// bound of its path-MTU discovery: on loopback (64 KiB MTU) or jumbo
+/// frames packets grow towards it, on a 1,500-byte Ethernet path discovery
+/// stops at quinn's 1,452. Each packet costs quinn a seal or open, a header
+/// protection, frame assembly and acknowledgement work: with quinn's
+/// default (1,472, and the peer's limit caps discovery) a 1 MiB tensor is
+/// ~750 packets each way and each hop; see BENCHMARKS.md (issue 27). Both
+/// ends must raise it: a peer's limit caps what the other sends.
+pub const MAX_UDP_PAYLOAD: u16 = 16 * 1024;
+
 /// ALPN of the QUIC rung.
 pub const ALPN: &[u8] = b"infermesh-oip/1";
 /// Wire version of the request header.
@@ -46,6 +56,45 @@ pub fn encode_request(req: &ModelInferRequest, timeout_ms: u32) -> Bytes {
     req.encode(&mut out).expect("capacity reserved");
     out.freeze()
 }
+
+/// Encodes a request frame as chunks, without copying the tensors: the
+/// header and the message's other fields in one buffer, then each
+/// `raw_input_contents` entry's key and length, and its bytes as they are.
+/// The bytes are those of [`encode_request`] (prost writes fields in field
+/// order, and `raw_input_contents`, field 7, is the last), so a QUIC
+/// stream can send a 16 MiB tensor from the caller's own buffer.
+pub fn encode_request_chunks(req: &ModelInferRequest, timeout_ms: u32) -> Vec<Bytes> {
+    let raw = &req.raw_input_contents;
+    let mut head_req = req.clone();
+    head_req.raw_input_contents.clear();
+    let head_len = head_req.encoded_len();
+    let raw_len: usize = raw
+        .iter()
+        .map(|b| 1 + prost::encoding::encoded_len_varint(b.len() as u64) + b.len())
+        .sum();
+    let mut head = BytesMut::with_capacity(REQUEST_HEADER + head_len + 11);
+    head.put_u8(VERSION);
+    head.put_u32(timeout_ms);
+    head.put_u32((head_len + raw_len) as u32);
+    head_req.encode(&mut head).expect("capacity reserved");
+    let mut chunks = Vec::with_capacity(1 + 2 * raw.len());
+    for b in raw {
+        // Field 7, wire type 2 (length-delimited).
+        head.put_u8(RAW_INPUT_KEY);
+        prost::encoding::encode_varint(b.len() as u64, &mut head);
+        chunks.push(head.split().freeze());
+        if !b.is_empty() {
+            chunks.push(b.clone());
+        }
+    }
+    if !head.is_empty() {
+        chunks.push(head.freeze());
+    }
+    chunks
+}
+
+/// The key of a `raw_input_contents` entry: field 7, length-delimited.
+const RAW_INPUT_KEY: u8 = (7 << 3) | 2;
 
 /// Bytes of a request frame's header.
 pub const REQUEST_HEADER: usize = 9;
@@ -207,6 +256,43 @@ pub fn decode_response(mut buf: Bytes, max_bytes: usize) -> Result<Decoded, Fram
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_in_chunks_is_the_request_frame() {
+        use crate::inference::model_infer_request::InferInputTensor;
+        let mut req = ModelInferRequest {
+            model_name: "identity".into(),
+            id: "r1".into(),
+            inputs: vec![
+                InferInputTensor {
+                    name: "A".into(),
+                    datatype: "FP32".into(),
+                    shape: vec![2, 200],
+                    ..Default::default()
+                };
+                3
+            ],
+            raw_input_contents: vec![
+                vec![1u8; 1600].into(),
+                Bytes::new(),
+                vec![2u8; 200_000].into(),
+            ],
+            ..Default::default()
+        };
+        for _ in 0..2 {
+            let chunks = encode_request_chunks(&req, 77);
+            let joined: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+            assert_eq!(joined, encode_request(&req, 77).to_vec());
+            if let Some(raw) = req.raw_input_contents.get(2) {
+                let tensor = chunks
+                    .iter()
+                    .find(|c| c.len() == 200_000)
+                    .expect("sent as is");
+                assert_eq!(tensor.as_ptr(), raw.as_ptr(), "not copied");
+            }
+            req.raw_input_contents.clear();
+        }
+    }
 
     #[test]
     fn frames_round_trip_and_are_bounded() {
