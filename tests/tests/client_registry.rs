@@ -57,6 +57,29 @@ async fn spread(client: &Client, n: usize) -> HashMap<String, usize> {
     per_node
 }
 
+/// Sends `n` requests at once and counts answers per node; every answer is
+/// checked.
+async fn spread_at_once(client: &Client, n: usize) -> HashMap<String, usize> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let input = dense::input(2, i as u32);
+            let (resp, node) = client
+                .infer_on(dense::request(&input, true))
+                .await
+                .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+            assert_eq!(dense::output(&resp).0, dense::forward(&input));
+            node
+        });
+    }
+    let mut per_node = HashMap::new();
+    while let Some(node) = tasks.join_next().await {
+        *per_node.entry(node.unwrap()).or_default() += 1;
+    }
+    per_node
+}
+
 #[tokio::test]
 async fn discovers_agents_and_spreads_requests() {
     let zk = Zk::start().await;
@@ -65,7 +88,13 @@ async fn discovers_agents_and_spreads_requests() {
     b.wait_ready().await;
     let client = client(&zk).await;
     wait_nodes(&client, 2).await;
-    let per_node = spread(&client, 60).await;
+    // Sent at once: the balancer counts a node's requests in flight from the
+    // moment it picks it, so the second pick goes to the other node while
+    // the first is unanswered. (Requests sent one after another may all go
+    // to the node that answered first: p2c prefers the lower latency
+    // estimate, and a node not yet asked starts at `default_rtt`, which a
+    // loopback answer undercuts.)
+    let per_node = spread_at_once(&client, 60).await;
     assert_eq!(per_node.len(), 2, "both nodes get traffic: {per_node:?}");
     let y = client
         .infer_f32("dense", "INPUT0", &[1, 16], &dense::input(1, 9))
