@@ -2,11 +2,14 @@
 //!
 //! A plain inline request (no shared-memory or RDMA parameters) is read
 //! whole (bounded by `max_message_bytes`, a node-wide receive budget and a
-//! read timeout), decoded once into a view whose tensor bytes are slices of
-//! the received buffer, validated against the model's metadata, and — once
-//! it holds a worker permit — the *received frame* is sent to the worker on
-//! its HTTP/2 connection ([`crate::upstream`]), with the caller's metadata
-//! and what is left of its deadline. The worker's response headers and body
+//! read timeout) as the DATA frames it came in; one frame is decoded once
+//! into a view whose tensor bytes are slices of it, several (a large
+//! request) are read where they lie ([`crate::request_view`]: the fields
+//! but the tensors decoded, the tensors' sizes noted, nothing gathered).
+//! It is validated against the model's metadata, and — once it holds a
+//! worker permit — the *received frames* are sent to the worker on its
+//! HTTP/2 connection ([`crate::upstream`]), with the caller's metadata and
+//! what is left of its deadline. The worker's response headers and body
 //! go back unchanged; only the trailers are touched: the load report is
 //! added, and an internal error that names a GPU fault is turned into
 //! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
@@ -27,7 +30,7 @@ use http::{HeaderMap, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use infermesh_proto::inference::ModelInferRequest;
-use infermesh_proto::tensor::validate_request;
+use infermesh_proto::tensor::{validate_request, validate_request_sizes};
 use infermesh_sentinel::FaultPatterns;
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -176,10 +179,18 @@ impl InferPath {
                 "compressed requests are not supported; send them uncompressed",
             ));
         }
-        let (frame, permit) = self.read_body(body, deadline).await?;
-        let message = grpc::unary_message(&frame)?;
-        let mut req = ModelInferRequest::decode(message)
-            .map_err(|e| Status::invalid_argument(format!("malformed ModelInferRequest: {e}")))?;
+        let (chunks, permit) = self.read_body(body, deadline).await?;
+        // One frame: decoded as it is (its tensors are slices of it). More
+        // (a large request): read where it lies, the tensors' sizes noted
+        // and their bytes left in the frames, which go to the worker as
+        // they came.
+        let (mut req, raw_lens) = match &chunks[..] {
+            [frame] => (decode(frame)?, None),
+            _ => {
+                let v = crate::request_view::view(&chunks)?;
+                (v.head, Some(v.raw_lens))
+            }
+        };
         if req.model_name.is_empty() {
             return Err(AgentError::BadRequest("model_name is empty".into()).into());
         }
@@ -193,6 +204,13 @@ impl InferPath {
         };
         let meta = meta.ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
         let metrics = self.metrics.model(Some(id), self.pool.models());
+        // The decoded path and BYTES inputs need the tensors themselves.
+        let needs_contents = crate::shm::uses_shm(&req)
+            || crate::rdma::uses_rdma(&req)
+            || req.inputs.iter().any(|i| i.datatype == "BYTES");
+        if raw_lens.is_some() && needs_contents {
+            req = decode(&gather(&chunks))?;
+        }
         if crate::shm::uses_shm(&req) || crate::rdma::uses_rdma(&req) {
             drop(permit);
             let owner = parts.extensions.get::<ConnInfo>().map_or(0, |c| c.id);
@@ -208,7 +226,11 @@ impl InferPath {
             metrics.request(Code::Ok, started.elapsed());
             return Ok(message_response(&resp, &self.pool));
         }
-        validate_request(&req, &meta).map_err(AgentError::from)?;
+        match &raw_lens {
+            Some(lens) if !needs_contents => validate_request_sizes(&req, lens, &meta),
+            _ => validate_request(&req, &meta),
+        }
+        .map_err(AgentError::from)?;
         drop(req);
         refuse_backlogged(parts)?;
         let lease = self.pool.acquire(id, None, deadline).await?;
@@ -237,7 +259,7 @@ impl InferPath {
             }
             .into()
         };
-        let exchange = process.upstream.call(meta, frame);
+        let exchange = process.upstream.call_chunks(meta, &chunks);
         // A stalled or hung worker's calls fail when the sentinel gives up on
         // it (`Upstream::abort`), not when (if ever) the worker answers.
         let (exchange, head) = match deadline {
@@ -292,13 +314,14 @@ impl InferPath {
         Ok(resp)
     }
 
-    /// Reads one request body whole, within the limits; returns it and the
-    /// share of the receive budget it holds.
+    /// Reads one request body whole, within the limits; returns it as the
+    /// chunks it arrived in (not gathered into one buffer: a large request
+    /// is sent on as it came) and the share of the receive budget it holds.
     async fn read_body<B>(
         &self,
         mut body: B,
         deadline: Option<Instant>,
-    ) -> Result<(Bytes, OwnedSemaphorePermit), Status>
+    ) -> Result<(Vec<Bytes>, OwnedSemaphorePermit), Status>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
@@ -330,19 +353,15 @@ impl InferPath {
                     }
                 }
             }
-            let (_, permit) = expected.ok_or_else(|| {
+            let (len, permit) = expected.ok_or_else(|| {
                 Status::internal("request body is shorter than a gRPC message header")
             })?;
-            let body = if chunks.len() == 1 {
-                chunks.pop().expect("one chunk")
-            } else {
-                let mut all = BytesMut::with_capacity(received);
-                for c in &chunks {
-                    all.extend_from_slice(c);
-                }
-                all.freeze()
-            };
-            Ok((body, permit))
+            if received != FRAME_HEADER + len {
+                return Err(Status::internal(
+                    "a unary request must carry exactly one gRPC message",
+                ));
+            }
+            Ok((chunks, permit))
         };
         tokio::time::timeout_at(read_until.into(), read)
             .await
@@ -371,6 +390,23 @@ impl InferPath {
             .try_acquire_many_owned(n)
             .map_err(|_| AgentError::ReceiveBudget.into())
     }
+}
+
+/// Decodes a request that arrived as one gRPC frame.
+fn decode(frame: &Bytes) -> Result<ModelInferRequest, Status> {
+    let message = grpc::unary_message(frame)?;
+    ModelInferRequest::decode(message)
+        .map_err(|e| Status::invalid_argument(format!("malformed ModelInferRequest: {e}")))
+}
+
+/// `chunks` in one buffer (the decoded path and BYTES inputs, which need
+/// the tensors themselves).
+fn gather(chunks: &[Bytes]) -> Bytes {
+    let mut all = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for c in chunks {
+        all.extend_from_slice(c);
+    }
+    all.freeze()
 }
 
 /// Fills `out` with the first bytes of `chunks` (as many as there are).

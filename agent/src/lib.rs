@@ -71,6 +71,7 @@ pub mod procfs;
 pub mod quic;
 pub mod rdma;
 pub mod registry;
+mod request_view;
 pub mod server;
 pub mod shm;
 pub mod spawn;

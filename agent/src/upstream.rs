@@ -203,6 +203,16 @@ impl Upstream {
         meta: impl Into<Metadata<'a>>,
         body: Bytes,
     ) -> Result<Exchange, UpstreamError> {
+        self.send_chunks(meta, std::slice::from_ref(&body)).await
+    }
+
+    /// [`Upstream::send`] with a body made of `chunks` (the DATA frames a
+    /// large request arrived in, sent on without a copy into one buffer).
+    pub async fn send_chunks<'a>(
+        &self,
+        meta: impl Into<Metadata<'a>>,
+        chunks: &[Bytes],
+    ) -> Result<Exchange, UpstreamError> {
         let meta = meta.into();
         let mut fresh = false;
         loop {
@@ -218,7 +228,7 @@ impl Upstream {
             let room = shared.room.notified();
             let opened = {
                 let mut conn = shared.lock();
-                let opened = conn.open(meta, body.clone());
+                let opened = conn.open_chunks(meta, chunks);
                 if opened.is_ok() {
                     shared.flush_soon(&mut conn);
                 }
@@ -249,11 +259,20 @@ impl Upstream {
         meta: impl Into<Metadata<'a>>,
         body: Bytes,
     ) -> Result<(Exchange, ResponseHead), UpstreamError> {
+        self.call_chunks(meta, std::slice::from_ref(&body)).await
+    }
+
+    /// [`Upstream::call`] with a body made of `chunks`.
+    pub async fn call_chunks<'a>(
+        &self,
+        meta: impl Into<Metadata<'a>>,
+        chunks: &[Bytes],
+    ) -> Result<(Exchange, ResponseHead), UpstreamError> {
         let meta = meta.into();
         let mut tries = 0;
         loop {
             tries += 1;
-            let mut exchange = self.send(meta, body.clone()).await?;
+            let mut exchange = self.send_chunks(meta, chunks).await?;
             match exchange.head().await {
                 Ok(head) => return Ok((exchange, head)),
                 Err(UpstreamError::Failed(Failure::Refused)) if tries < MAX_REFUSED => {

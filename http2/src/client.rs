@@ -171,6 +171,17 @@ impl Conn {
         meta: impl Into<request::Metadata<'a>>,
         body: Bytes,
     ) -> Result<u32, Refusal> {
+        self.open_chunks(meta, std::slice::from_ref(&body))
+    }
+
+    /// Opens a stream carrying `meta` and a body made of `chunks` in order
+    /// (a body received as several DATA frames is sent on as it came, with
+    /// no copy into one buffer first); its id.
+    pub fn open_chunks<'a>(
+        &mut self,
+        meta: impl Into<request::Metadata<'a>>,
+        chunks: &[Bytes],
+    ) -> Result<u32, Refusal> {
         if !self.is_open() {
             return Err(Refusal::Closed);
         }
@@ -183,11 +194,13 @@ impl Conn {
         scratch.clear();
         self.table.begin(&mut scratch);
         request::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
-        self.core.put_block(id, &scratch, body.is_empty());
+        let has_body = chunks.iter().any(|c| !c.is_empty());
+        self.core.put_block(id, &scratch, !has_body);
         self.scratch = scratch;
-        let has_body = !body.is_empty();
         let mut queue = SendQueue::default();
-        queue.push(body);
+        for chunk in chunks {
+            queue.push(chunk.clone());
+        }
         self.streams.insert(
             id,
             Stream {
@@ -600,6 +613,44 @@ mod tests {
             conn.open(&HeaderMap::new(), Bytes::new()),
             Err(Refusal::Closed)
         );
+    }
+
+    /// A body given as chunks goes out as those bytes in order, in DATA
+    /// frames within the frame size, the last one ending the stream.
+    #[test]
+    fn a_body_in_chunks_is_sent_as_its_bytes() {
+        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
+        let chunks = [
+            Bytes::from(vec![1u8; 20_000]),
+            Bytes::new(),
+            Bytes::from_static(b"tail"),
+        ];
+        let id = conn.open_chunks(&HeaderMap::new(), &chunks).unwrap();
+        let mut out = Vec::new();
+        let mut slices = [std::io::IoSlice::new(&[]); 64];
+        let n = conn.out().slices(&mut slices);
+        for s in &slices[..n] {
+            out.extend_from_slice(s);
+        }
+        // Preface and SETTINGS first; then HEADERS and DATA frames.
+        let mut rest = &out[frame::PREFACE.len()..];
+        let mut body = Vec::new();
+        let mut ends = Vec::new();
+        while rest.len() >= frame::HEADER_LEN {
+            let head = frame::parse_head(rest);
+            let payload = &rest[frame::HEADER_LEN..frame::HEADER_LEN + head.len];
+            if head.kind == kind::DATA {
+                assert_eq!(head.stream, id);
+                assert!(head.len <= frame::DEFAULT_MAX_FRAME);
+                body.extend_from_slice(payload);
+                ends.push(head.flags & flag::END_STREAM != 0);
+            }
+            rest = &rest[frame::HEADER_LEN + head.len..];
+        }
+        let want: Vec<u8> = chunks.iter().flat_map(|c| c.iter().copied()).collect();
+        assert_eq!(body, want);
+        assert_eq!(ends.last(), Some(&true), "the last DATA ends the stream");
+        assert_eq!(ends.iter().filter(|&&e| e).count(), 1);
     }
 
     /// DATA beyond the window the agent granted is a flow-control error.

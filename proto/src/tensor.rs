@@ -290,10 +290,43 @@ pub fn validate_request(
     req: &ModelInferRequest,
     meta: &ModelMetadataResponse,
 ) -> Result<(), TensorError> {
-    let raw = !req.raw_input_contents.is_empty();
-    if raw && req.raw_input_contents.len() != req.inputs.len() {
+    let raw = &req.raw_input_contents;
+    validate(req, raw.len(), |i| Raw::Bytes(&raw[i]), meta)
+}
+
+/// [`validate_request`] for a request whose `raw_input_contents` are known
+/// by their lengths only (`raw_lens`, one per input, or none for typed
+/// contents; the request's own `raw_input_contents` are not looked at): a
+/// relay that leaves the tensors where they arrived checks their sizes
+/// without gathering them. A `BYTES` input's size is in its contents, so
+/// one checked this way is [`TensorError::MalformedBytes`]: check such
+/// requests whole.
+pub fn validate_request_sizes(
+    req: &ModelInferRequest,
+    raw_lens: &[usize],
+    meta: &ModelMetadataResponse,
+) -> Result<(), TensorError> {
+    validate(req, raw_lens.len(), |i| Raw::Len(raw_lens[i]), meta)
+}
+
+/// A raw input as the validator sees it.
+#[derive(Clone, Copy)]
+enum Raw<'a> {
+    Bytes(&'a [u8]),
+    Len(usize),
+}
+
+/// Checks `req` with its `raw_count` raw inputs given by `raw_at`.
+fn validate<'a>(
+    req: &ModelInferRequest,
+    raw_count: usize,
+    raw_at: impl Fn(usize) -> Raw<'a>,
+    meta: &ModelMetadataResponse,
+) -> Result<(), TensorError> {
+    let raw = raw_count > 0;
+    if raw && raw_count != req.inputs.len() {
         return Err(TensorError::RawCountMismatch {
-            got: req.raw_input_contents.len(),
+            got: raw_count,
             expected: req.inputs.len(),
         });
     }
@@ -311,11 +344,7 @@ pub fn validate_request(
         if !seen.insert(input.name.as_str()) {
             return Err(TensorError::DuplicateInput(input.name.clone()));
         }
-        let raw_bytes = if raw {
-            Some(&req.raw_input_contents[i][..])
-        } else {
-            None
-        };
+        let raw_bytes = if raw { Some(raw_at(i)) } else { None };
         validate_input(input, spec, raw_bytes)?;
     }
     if let Some(missing) = meta.inputs.iter().find(|m| !seen.contains(m.name.as_str())) {
@@ -340,7 +369,7 @@ fn names(tensors: &[TensorMetadata]) -> String {
 fn validate_input(
     input: &InferInputTensor,
     spec: &TensorMetadata,
-    raw: Option<&[u8]>,
+    raw: Option<Raw<'_>>,
 ) -> Result<(), TensorError> {
     let name = || input.name.clone();
     if input.datatype != spec.datatype {
@@ -393,20 +422,27 @@ fn validate_input(
             name(),
             "contents must be empty when raw_input_contents is used",
         )),
-        (Some(bytes), None) => match dtype.element_size() {
+        (Some(raw), None) => match dtype.element_size() {
             Some(size) => {
                 let expected = elements.checked_mul(size).ok_or_else(overflow)?;
-                if bytes.len() == expected {
+                let got = match raw {
+                    Raw::Bytes(b) => b.len(),
+                    Raw::Len(n) => n,
+                };
+                if got == expected {
                     Ok(())
                 } else {
                     Err(TensorError::WrongByteSize {
                         name: name(),
-                        got: bytes.len(),
+                        got,
                         expected,
                     })
                 }
             }
             None => {
+                let Raw::Bytes(bytes) = raw else {
+                    return Err(TensorError::MalformedBytes(name()));
+                };
                 let got = count_bytes_elements(bytes)
                     .ok_or_else(|| TensorError::MalformedBytes(name()))?;
                 if got == elements {
@@ -490,6 +526,30 @@ mod tests {
                 shape: vec![-1, 4],
             }],
         }
+    }
+
+    /// Sizes alone check what the bytes would (issue 27: a relay that
+    /// leaves the tensors where they arrived).
+    #[test]
+    fn sizes_alone_are_checked_as_the_bytes_are() {
+        let m = meta();
+        for (bytes, ok) in [(2 * 64, true), (2 * 64 - 1, false), (0, false)] {
+            let mut req = raw_request(vec![2, 16], "FP32", bytes);
+            let whole = validate_request(&req, &m).is_ok();
+            req.raw_input_contents.clear();
+            assert_eq!(validate_request_sizes(&req, &[bytes], &m).is_ok(), ok);
+            assert_eq!(whole, ok);
+        }
+        let req = raw_request(vec![2, 16], "FP32", 128);
+        let err = validate_request_sizes(&req, &[128, 1], &m).unwrap_err();
+        assert!(matches!(err, TensorError::RawCountMismatch { .. }), "{err}");
+        let mut bytes_meta = m.clone();
+        bytes_meta.inputs[0].datatype = "BYTES".into();
+        let req = raw_request(vec![2, 16], "BYTES", 8);
+        assert!(matches!(
+            validate_request_sizes(&req, &[8], &bytes_meta),
+            Err(TensorError::MalformedBytes(_))
+        ));
     }
 
     fn raw_request(shape: Vec<i64>, dtype: &str, bytes: usize) -> ModelInferRequest {

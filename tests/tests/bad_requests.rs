@@ -124,3 +124,56 @@ async fn bad_requests_are_refused_and_the_agent_keeps_serving() {
     let status = agent.status().await;
     assert!(status.workers.iter().all(|w| w.state == "ready"));
 }
+
+/// A request larger than one HTTP/2 DATA frame is checked where it lies
+/// (the agent reads its fields and the tensors' sizes without gathering the
+/// frames, issue 27): a good one is answered right, raw or typed; a bad size,
+/// shape or datatype is refused as a one-frame request would be, and the
+/// agent keeps serving.
+#[tokio::test]
+async fn requests_in_many_frames_are_checked_and_answered() {
+    let agent = Agent::builder().worker(testworker("")).start().await;
+    let mut client = agent.client().await;
+    // 4,096 rows × 16 FP32: 256 KiB, sixteen DATA frames and more.
+    let input = dense::input(4096, 3);
+    for raw in [true, false] {
+        let ok = client
+            .model_infer(dense::request(&input, raw))
+            .await
+            .unwrap_or_else(|e| panic!("raw {raw}: {e}"));
+        assert_eq!(dense::output(ok.get_ref()).0, dense::forward(&input));
+    }
+    let good = dense::request(&input, true);
+    let mut cases: Vec<(&str, ModelInferRequest, &str)> = Vec::new();
+    let mut short = good.clone();
+    short.raw_input_contents[0] = short.raw_input_contents[0].slice(4..);
+    cases.push(("byte size not shape x dtype", short, "bytes"));
+    let mut extra = good.clone();
+    extra.raw_input_contents.push(vec![0u8; 64].into());
+    cases.push(("more raw contents than inputs", extra, "raw"));
+    let mut wrong_shape = good.clone();
+    wrong_shape.inputs[0].shape = vec![4096, 15];
+    cases.push(("wrong shape", wrong_shape, "shape"));
+    let mut as_bytes = good.clone();
+    as_bytes.inputs[0].datatype = "BYTES".into();
+    cases.push(("BYTES where FP32 is served", as_bytes, "datatype"));
+    for (what, req, needle) in cases {
+        let err = client.model_infer(req).await.expect_err(what);
+        assert_eq!(
+            err.code(),
+            Code::InvalidArgument,
+            "{what}: {}",
+            err.message()
+        );
+        assert!(
+            err.message().contains(needle),
+            "{what}: message '{}' should mention '{needle}'",
+            err.message()
+        );
+        let ok = client
+            .model_infer(good.clone())
+            .await
+            .unwrap_or_else(|e| panic!("after {what}: {e}"));
+        assert_eq!(dense::output(ok.get_ref()).0, dense::forward(&input));
+    }
+}
