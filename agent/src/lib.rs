@@ -8,36 +8,17 @@
 //!
 //! ## Layers
 //!
-//! Modules form layers; a module only uses those above it in this list
-//! (docs/DECISIONS.md, "Agent core", says why):
-//!
-//! 1. **config** — [`config`] (TOML and flags, checked; a leaf), [`tls`]
-//!    (certificates, reloaded; used by config to check them), [`error`],
-//!    [`deadline`], [`busy`], [`concurrency`] (each worker's adaptive
-//!    concurrency limit and capacity, sans-IO).
-//! 2. **worker state** — [`state`] (the snapshot each worker's supervisor
-//!    publishes; everyone else only reads it), [`inbox`] (control messages
-//!    that are never dropped, coalesced reports), [`worker_log`] (output,
-//!    events, health verdicts), [`models`] (interned model names),
-//!    [`upstream`] (the agent's own HTTP/2 client to a worker process; its
-//!    frame and HPACK codecs, which the server uses too).
-//! 3. **pool** — [`pool`]: admission, per-worker permits (as many as the
-//!    worker's adaptive limit), per-model FIFO queues with direct hand-off.
-//! 4. **metrics** — [`metrics`], label handles resolved once per model.
-//! 5. **drivers** — [`supervisor`] (the only writer of a worker's state;
-//!    drives its sentinel), [`launch`] / [`spawn`] / [`pdeathsig`] /
-//!    [`output`] (starting processes, reading their output), [`health`] (check rounds), [`gpu`] (Xid events →
-//!    the worker that caused them; per-worker GPU use), [`procfs`] (which
-//!    worker a pid belongs to), [`registry`] (the node's record).
-//! 6. **servers** — [`accept`] (the accept loop of the client ports: connection
-//!    limit, backoff), [`server`] (the OIP port: the agent's own
-//!    HTTP/2 server — its protocol state is the `infermesh-http2` crate — limits, routing),
-//!    [`forward`] (pass-through `ModelInfer`), [`front`] (the other OIP
-//!    calls), [`stream`] (`ModelStreamInfer`), [`shm`], [`rdma`],
-//!    [`quic`] (the QUIC rung), [`conn`], [`grpc`], [`grpc_health`] (`grpc.health.v1`), [`http`]
-//!    (KServe v2 HTTP/REST), [`trailer`]
-//!    (load report), [`admin`].
-//! 7. [`agent::run`]: wiring, serving, ordered shutdown.
+//! Modules form layers, listed bottom first in the workspace's `layers.toml`
+//! (the one list; `tests/tests/layers.rs` fails when a module uses one of a
+//! higher layer or modules form a circle, and `scripts/import-graph.py`
+//! prints the table): foundation (config, TLS, errors), worker (state,
+//! inbox, the HTTP/2 client to a worker), dispatch (pool, capacity),
+//! metrics, supervision (supervisor, launching, health checks, GPU events),
+//! transports (shared memory, RDMA), serving (the OIP port, pass-through,
+//! the tonic service, streams, load reports, KServe HTTP, QUIC), admin
+//! (admin port, registry record), assembly ([`agent::run`]). The imports
+//! that still break the rule are listed in `layers.toml`'s `allow`, a list
+//! that only shrinks.
 //!
 //! `unsafe` is denied everywhere except [`pdeathsig`], which registers the
 //! parent-death signal between `fork` and `exec`.
