@@ -38,15 +38,24 @@ use tracing::Instrument;
 use crate::balancer::{
     Balancer, BalancerConfig, LoadReport, NodeInfo, NodeState, Outcome, PickError, Ticket,
 };
-use crate::config::{
-    DEFAULT_BUDGET_PER_SEC, DEFAULT_BUDGET_RATIO, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_REGISTRY, DEFAULT_SERVICE,
-};
 use crate::discovery::{self, Discovery, Membership, Source};
 use crate::paths::{Fallback, PathError, PathsConfig, Peer, Placed, Transport};
 use crate::retry_budget::RetryBudget;
 use crate::verdict::{Verdict, classify};
 use infermesh_transport::Path;
+
+/// Registry used when the file names none: one agent on this machine.
+pub const DEFAULT_REGISTRY: &str = "static://127.0.0.1:8001";
+/// Service used when the file names none.
+pub const DEFAULT_SERVICE: &str = "default";
+/// Deadline of a call, retries included.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+/// Attempts per call, the first included.
+pub const DEFAULT_MAX_ATTEMPTS: usize = 3;
+/// Retry budget: retries earned per request.
+pub const DEFAULT_BUDGET_RATIO: f64 = 0.2;
+/// Retry budget: retries earned per second regardless of traffic.
+pub const DEFAULT_BUDGET_PER_SEC: f64 = 10.0;
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -270,7 +279,7 @@ impl ClientBuilder {
         // that a leased request reaches the local node without a copy.
         let pool = transport
             .shm_pool()
-            .unwrap_or_else(|| crate::leased::own_pool(&self.paths));
+            .unwrap_or_else(|| self.paths.own_pool());
         let stack = Arc::new(Stack {
             core: Mutex::new(Core {
                 balancer: Balancer::new(self.balancer.clone(), self.seed),

@@ -22,29 +22,12 @@ use serde::Deserialize;
 
 use crate::balancer::BalancerConfig;
 use crate::client::ClientBuilder;
+pub use crate::client::{
+    DEFAULT_BUDGET_PER_SEC, DEFAULT_BUDGET_RATIO, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_REGISTRY, DEFAULT_SERVICE,
+};
+pub use crate::paths::{DEFAULT_REPROBE_AFTER, DEFAULT_SHM_MIN_BYTES, DEFAULT_SHM_POOL_BYTES};
 
-/// Registry used when the file names none: one agent on this machine.
-pub const DEFAULT_REGISTRY: &str = "static://127.0.0.1:8001";
-/// Service used when the file names none.
-pub const DEFAULT_SERVICE: &str = "default";
-/// Deadline of a call, retries included.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
-/// Attempts per call, the first included.
-pub const DEFAULT_MAX_ATTEMPTS: usize = 3;
-/// Retry budget: retries earned per request.
-pub const DEFAULT_BUDGET_RATIO: f64 = 0.2;
-/// Retry budget: retries earned per second regardless of traffic.
-pub const DEFAULT_BUDGET_PER_SEC: f64 = 10.0;
-/// Shared-memory pool a client registers with a same-host agent.
-pub const DEFAULT_SHM_POOL_BYTES: u64 = 256 << 20;
-/// Requests whose raw input tensors total fewer bytes go inline even to the
-/// local node:
-/// below about 32 KiB a shared-memory region costs more than the copy it
-/// saves (BENCHMARKS.md, "Tensor transports": inline is 25% faster at
-/// 1 KiB, 6% at 16 KiB; shared memory 4–22% faster at 64 KiB).
-pub const DEFAULT_SHM_MIN_BYTES: usize = 32 << 10;
-/// How long a broken transport stays broken before it is tried again.
-pub const DEFAULT_REPROBE_AFTER: Duration = Duration::from_secs(30);
 /// A pool smaller than this could not hold a useful batch.
 const MIN_SHM_POOL_BYTES: u64 = 1 << 20;
 

@@ -37,12 +37,10 @@ use infermesh_proto::inference::model_infer_request::{
 };
 use infermesh_proto::inference::{InferParameter, ModelInferRequest};
 use infermesh_proto::tensor::{DataType, echo, element_count};
-use infermesh_transport::shm::{
-    Element, Layout, MIN_OUTPUT_WINDOW, PoolConfig, ShmDir, ShmLease, ShmPool, elements_mut,
-};
+use infermesh_transport::shm::{Element, Layout, MIN_OUTPUT_WINDOW, ShmLease, elements_mut};
 
 use crate::client::{Answered, Client, ClientError};
-use crate::paths::{PathsConfig, Placed};
+use crate::paths::Placed;
 
 /// An input of a leased request: its name, datatype and shape, which fix
 /// its size in the region.
@@ -327,18 +325,4 @@ impl Client {
         let call = self.infer_traced(req.request.clone(), Some(&req.placed));
         tracing::Instrument::instrument(call, span).await
     }
-}
-
-/// The pool leases come from when the transport has none (a custom
-/// transport, or no shared-memory rung): regions are still leased, and
-/// their inputs sent inline.
-pub(crate) fn own_pool(paths: &PathsConfig) -> ShmPool {
-    let mut config = PoolConfig {
-        max_total_bytes: paths.shm_pool_bytes,
-        ..PoolConfig::default()
-    };
-    if let Some(dir) = &paths.shm_dir {
-        config.dir = ShmDir::new(dir.clone());
-    }
-    ShmPool::new(config)
 }

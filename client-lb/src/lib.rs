@@ -43,8 +43,6 @@ pub mod config;
 pub mod discovery;
 pub mod leased;
 pub mod paths;
-pub mod quic_path;
-pub mod rdma_path;
 mod retry_budget;
 pub mod trace;
 mod verdict;
@@ -53,7 +51,7 @@ pub use client::{Answered, Client, ClientBuilder, ClientError, NodeStats};
 pub use config::ClientConfig;
 pub use leased::{LeasedRequest, OutputSpec, SharedRequest, TensorSpec};
 pub use paths::{Fallback, PathError, PathsConfig, Peer, Placed, Transport};
-pub use rdma_path::{RdmaPath, RdmaPathError};
+pub use paths::{RdmaPath, RdmaPathError};
 pub use retry_budget::RetryBudget;
 
 pub use balancer::{

@@ -260,7 +260,7 @@ fn is_server_resource_error(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(EMFILE | ENFILE | ENOMEM))
 }
 
-/// Why a [`Transport`](crate::Transport) could not stage a request or bring
+/// Why [`ShmTransport`](crate::ShmTransport) could not stage a request or bring
 /// its outputs back.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -275,14 +275,6 @@ pub enum TransportError {
         path: Path,
         /// What does not fit.
         reason: String,
-    },
-    /// `complete` was given a [`Staged`](crate::Staged) from another path.
-    #[error("staged on the {staged} path, completed on the {completed} path")]
-    WrongPath {
-        /// Where it was staged.
-        staged: Path,
-        /// Where `complete` was called.
-        completed: Path,
     },
 }
 

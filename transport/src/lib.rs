@@ -1,5 +1,10 @@
-//! The tensor transport ladder between the client library and an agent, and
-//! the server side of Triton's system shared-memory extension.
+//! What the tensor transport ladder's rungs share: the [`Path`] names, the
+//! sans-IO [`Ladder`] that picks a rung per peer, and POSIX shared memory
+//! (both ends of Triton's system shared-memory extension). The rungs
+//! themselves — the one `Transport` trait, with the connections each needs —
+//! are the client library's (`infermesh_client::paths`); the agent serves
+//! shared memory from [`ShmRegistry`] (docs/DECISIONS.md, "Layers without
+//! circles").
 //!
 //! Tensors take the best path both ends have (DESIGN.md, "Tensor transport
 //! ladder"): same-host shared memory, then RDMA, then gRPC inline
@@ -7,8 +12,8 @@
 //! broken for that peer and the same request is re-sent on the next path
 //! down; broken paths are re-probed later.
 //!
-//! - [`Transport`]: stage a request's tensors on a path, bring the outputs
-//!   back; [`GrpcInline`] (nothing to do) and [`ShmTransport`].
+//! - [`ShmTransport`]: stage a request's tensors in a region ([`Staged`]),
+//!   bring the outputs back.
 //! - [`Ladder`]: the sans-IO choice of path per peer, with circuit breakers
 //!   and counters.
 //! - [`shm`]: POSIX shared memory with Triton's conventions — keys,
@@ -48,10 +53,10 @@ mod error;
 mod ladder;
 mod path;
 pub mod shm;
-mod transport;
+mod staged;
 
 pub use error::{ShmError, TransportError};
 pub use ladder::{Ladder, LadderConfig, LadderCounters, PathCounters};
 pub use path::{Path, UnknownPath};
 pub use shm::{ShmPool, ShmRegion, ShmRegistry, ShmTransport};
-pub use transport::{GrpcInline, Registration, Staged, Transport};
+pub use staged::{Registration, Staged};

@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use super::node::NodeId;
-
 /// Policy knobs of a [`Balancer`](super::Balancer).
 ///
 /// Every value is accepted; odd ones behave as documented on each field
@@ -12,9 +10,9 @@ use super::node::NodeId;
 /// loader.
 #[derive(Debug, Clone)]
 pub struct BalancerConfig {
-    /// The node on this host, if any: it is preferred while healthy and not
+    /// The node on this host, if any (its [`NodeId`](super::NodeId)): it is preferred while healthy and not
     /// overloaded. `None` balances over remote nodes only.
-    pub local_node: Option<NodeId>,
+    pub local_node: Option<String>,
     /// How much costlier than the better of two sampled remote nodes the local
     /// node may be and still be picked: local is kept while
     /// `local_cost <= local_bias * min(remote costs)`. Values below one make

@@ -28,7 +28,7 @@ use super::params::{REGION_PARAM, ShmRef};
 use super::pool::{MIN_REGION_BYTES, ShmPool};
 use crate::error::TransportError;
 use crate::path::Path;
-use crate::transport::{Registration, Staged, Transport};
+use crate::staged::{Registration, Staged};
 
 /// Smallest default window for one output.
 pub const MIN_OUTPUT_WINDOW: u64 = MIN_REGION_BYTES;
@@ -93,7 +93,7 @@ impl ShmTransport {
     /// requested output. Nothing is copied: the request is rewritten to
     /// reference the windows. A request that is not laid out so (a lease
     /// of another pool, inputs elsewhere) is staged by copying, as
-    /// [`Transport::stage`] does.
+    /// [`ShmTransport::stage`] does.
     pub fn stage_in_place(
         &self,
         req: &mut ModelInferRequest,
@@ -176,7 +176,7 @@ impl ShmTransport {
                 pooled.mark_registered(&peer)
             })
         });
-        let staged = Staged::rewritten(Path::Shm, original, Box::new(ShmStaged { lease, outputs }));
+        let staged = Staged::rewritten(original, Box::new(ShmStaged { lease, outputs }));
         match registration {
             Some(r) => staged.with_registration(r),
             None => staged,
@@ -195,12 +195,12 @@ fn malformed(reason: String) -> TransportError {
     }
 }
 
-impl Transport for ShmTransport {
-    fn path(&self) -> Path {
-        Path::Shm
-    }
-
-    fn stage(&self, req: &mut ModelInferRequest) -> Result<Staged, TransportError> {
+impl ShmTransport {
+    /// Moves the request's inline inputs into a leased region, rewriting the
+    /// request to reference them (only the plain raw form; anything else is
+    /// left as it is). The returned [`Staged`] keeps the lease alive until
+    /// [`complete`](ShmTransport::complete).
+    pub fn stage(&self, req: &mut ModelInferRequest) -> Result<Staged, TransportError> {
         // Only the plain raw form is staged; anything else goes as it is.
         let raw_form =
             !req.raw_input_contents.is_empty() && req.raw_input_contents.len() == req.inputs.len();
@@ -208,7 +208,7 @@ impl Transport for ShmTransport {
             || req.outputs.iter().any(|o| in_shm(&o.parameters));
         let total_input: u64 = req.raw_input_contents.iter().map(|b| b.len() as u64).sum();
         if !raw_form || caller_shm || total_input == 0 {
-            return Ok(Staged::untouched(Path::Shm));
+            return Ok(Staged::untouched());
         }
         let window = self
             .output_bytes_hint
@@ -225,17 +225,14 @@ impl Transport for ShmTransport {
         Ok(self.place(req, original, lease.share(), &layout))
     }
 
-    fn complete(
+    /// After the response: brings the outputs the peer placed in the region
+    /// back (`raw_output_contents` in the order of `resp.outputs`, views of
+    /// the region) and releases what nothing holds any more.
+    pub fn complete(
         &self,
         staged: Staged,
         resp: &mut ModelInferResponse,
     ) -> Result<(), TransportError> {
-        if staged.path() != Path::Shm {
-            return Err(TransportError::WrongPath {
-                staged: staged.path(),
-                completed: Path::Shm,
-            });
-        }
         let Some(state) = staged.into_state::<ShmStaged>() else {
             return Ok(());
         };

@@ -1,48 +1,29 @@
-//! The [`Transport`] trait: how a request's tensors leave the inline gRPC
-//! message for a faster path, and come back.
+//! A request staged in shared memory, and the region the peer must know
+//! first.
 //!
 //! Moving bytes is a copy into memory the peer can reach; the gRPC call
-//! itself stays with the caller. So a transport is small and synchronous:
+//! itself stays with the caller. So staging is small and synchronous:
 //!
-//! 1. [`Transport::stage`] moves the inline inputs onto the path and
-//!    rewrites the request to reference them. The returned [`Staged`] holds
-//!    what the request borrowed (a shared-memory lease) and may ask for a
-//!    one-time registration with the peer first
+//! 1. [`ShmTransport::stage`](crate::ShmTransport::stage) moves the inline
+//!    inputs into a region and rewrites the request to reference them. The
+//!    returned [`Staged`] holds what the request borrowed (the lease) and may
+//!    ask for a one-time registration with the peer first
 //!    ([`Staged::needs_register`]); the caller performs that RPC and calls
 //!    [`Staged::mark_registered`].
 //! 2. The caller sends the request.
-//! 3. [`Transport::complete`] brings the outputs the peer placed on the path
-//!    back inline, so callers always see a plain response.
+//! 3. [`ShmTransport::complete`](crate::ShmTransport::complete) brings the
+//!    outputs the peer placed in the region back, so callers always see a
+//!    plain response.
 //!
 //! If the path fails, [`Staged::unstage`] restores the request as it was, to
-//! be re-sent on the next path down (see [`Ladder`](crate::Ladder)).
+//! be re-sent on the next path down (see [`Ladder`](crate::Ladder)). The
+//! rungs that send requests — the one `Transport` trait — are the client's
+//! (`infermesh_client::paths`).
 
 use std::any::Any;
 use std::fmt;
 
-use infermesh_proto::inference::{
-    ModelInferRequest, ModelInferResponse, SystemSharedMemoryRegisterRequest,
-};
-
-use crate::error::TransportError;
-use crate::path::Path;
-
-/// Moves a request's tensors over one [`Path`].
-pub trait Transport: Send + Sync {
-    /// The path this transport implements.
-    fn path(&self) -> Path;
-
-    /// Moves the request's inline inputs onto this path, rewriting the
-    /// request to reference them. The returned [`Staged`] keeps leased
-    /// resources alive until [`complete`](Transport::complete).
-    fn stage(&self, req: &mut ModelInferRequest) -> Result<Staged, TransportError>;
-
-    /// After the response: brings outputs placed on this path back inline
-    /// (`raw_output_contents` in the order of `resp.outputs`) and releases
-    /// the resources.
-    fn complete(&self, staged: Staged, resp: &mut ModelInferResponse)
-    -> Result<(), TransportError>;
-}
+use infermesh_proto::inference::{ModelInferRequest, SystemSharedMemoryRegisterRequest};
 
 /// A region the peer must know before the staged request is sent.
 pub struct Registration {
@@ -101,7 +82,6 @@ impl fmt::Debug for Registration {
 /// A request staged on a path: what it borrowed, what must happen before it
 /// is sent, and how to undo it.
 pub struct Staged {
-    path: Path,
     registration: Option<Registration>,
     /// The request before staging; `None` when staging left it untouched.
     original: Option<Box<ModelInferRequest>>,
@@ -111,9 +91,8 @@ pub struct Staged {
 
 impl Staged {
     /// Nothing was moved: the request goes as it is.
-    pub fn untouched(path: Path) -> Self {
+    pub fn untouched() -> Self {
         Self {
-            path,
             registration: None,
             original: None,
             state: None,
@@ -121,10 +100,9 @@ impl Staged {
     }
 
     /// The request was rewritten from `original`; `state` is the
-    /// transport's, for [`complete`](Transport::complete).
-    pub fn rewritten(path: Path, original: ModelInferRequest, state: Box<dyn Any + Send>) -> Self {
+    /// transport's, for [`complete`](crate::ShmTransport::complete).
+    pub fn rewritten(original: ModelInferRequest, state: Box<dyn Any + Send>) -> Self {
         Self {
-            path,
             registration: None,
             original: Some(Box::new(original)),
             state: Some(state),
@@ -135,11 +113,6 @@ impl Staged {
     pub fn with_registration(mut self, registration: Registration) -> Self {
         self.registration = Some(registration);
         self
-    }
-
-    /// The path it was staged on.
-    pub fn path(&self) -> Path {
-        self.path
     }
 
     /// Whether staging rewrote the request (else it goes inline as it was).
@@ -178,38 +151,9 @@ impl Staged {
 impl fmt::Debug for Staged {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Staged")
-            .field("path", &self.path)
             .field("registration", &self.registration)
             .field("rewritten", &self.original.is_some())
             .finish_non_exhaustive()
-    }
-}
-
-/// Tensors inline in the gRPC message: nothing to stage.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GrpcInline;
-
-impl Transport for GrpcInline {
-    fn path(&self) -> Path {
-        Path::Grpc
-    }
-
-    fn stage(&self, _req: &mut ModelInferRequest) -> Result<Staged, TransportError> {
-        Ok(Staged::untouched(Path::Grpc))
-    }
-
-    fn complete(
-        &self,
-        staged: Staged,
-        _resp: &mut ModelInferResponse,
-    ) -> Result<(), TransportError> {
-        if staged.path != Path::Grpc {
-            return Err(TransportError::WrongPath {
-                staged: staged.path,
-                completed: Path::Grpc,
-            });
-        }
-        Ok(())
     }
 }
 
@@ -220,28 +164,6 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     #[test]
-    fn grpc_inline_changes_nothing() {
-        let mut req = ModelInferRequest {
-            model_name: "m".into(),
-            raw_input_contents: vec![bytes::Bytes::from_static(b"abc")],
-            ..Default::default()
-        };
-        let before = req.clone();
-        let staged = GrpcInline.stage(&mut req).unwrap();
-        assert!(staged.needs_register().is_none());
-        assert!(!staged.is_rewritten());
-        assert_eq!(req, before);
-        let mut resp = ModelInferResponse::default();
-        GrpcInline.complete(staged, &mut resp).unwrap();
-        assert_eq!(resp, ModelInferResponse::default());
-        let other = Staged::untouched(Path::Shm);
-        assert!(matches!(
-            GrpcInline.complete(other, &mut resp),
-            Err(TransportError::WrongPath { .. })
-        ));
-    }
-
-    #[test]
     fn registration_callback_runs_once_and_unstage_restores() {
         let done = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&done);
@@ -249,12 +171,11 @@ mod tests {
             id: "before".into(),
             ..Default::default()
         };
-        let mut staged =
-            Staged::rewritten(Path::Shm, original.clone(), Box::new(5u32)).with_registration(
-                Registration::new("n".into(), "/n".into(), 0, 64, move || {
-                    flag.store(true, Ordering::SeqCst)
-                }),
-            );
+        let mut staged = Staged::rewritten(original.clone(), Box::new(5u32)).with_registration(
+            Registration::new("n".into(), "/n".into(), 0, 64, move || {
+                flag.store(true, Ordering::SeqCst)
+            }),
+        );
         let r = staged.needs_register().unwrap().to_request();
         assert_eq!(
             (r.name.as_str(), r.key.as_str(), r.byte_size),

@@ -1,4 +1,5 @@
-//! The RDMA rung of the transport ladder, client side.
+//! The RDMA rung of the transport ladder, client side: [`RdmaRung`] over
+//! [`RdmaPath`].
 //!
 //! [`RdmaPath::infer`] sends one `ModelInfer` to an agent with its tensors
 //! in this process's registered memory instead of the message:
@@ -40,7 +41,12 @@ use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, GrpcInferenceServiceClient};
 use infermesh_rdma::{Access, EndpointInfo, RdmaEngine, RdmaError, Registered};
 use tokio::time::Instant;
 use tonic::transport::Channel;
-use tonic::{Code, Status};
+use tonic::{Code, Response, Status};
+
+use infermesh_transport::Path;
+
+use super::peer::Peer;
+use super::transport::{BoxFuture, PathError, Transport};
 
 /// Smallest output buffer lent for an output of unknown size.
 const MIN_OUTPUT_BYTES: usize = 64 << 10;
@@ -345,6 +351,48 @@ impl Drop for Lent {
                 buf.deregister();
             }
         }
+    }
+}
+
+/// RDMA between hosts that both have a verbs device.
+pub struct RdmaRung(RdmaPath);
+
+impl RdmaRung {
+    /// The rung over `engine`.
+    pub fn new(engine: RdmaEngine) -> Self {
+        RdmaRung(RdmaPath::new(engine))
+    }
+}
+
+impl Transport for RdmaRung {
+    fn path(&self) -> Path {
+        Path::Rdma
+    }
+
+    fn reaches(&self, peer: &Peer) -> bool {
+        peer.rdma
+    }
+
+    fn call<'a>(
+        &'a self,
+        peer: &'a Peer,
+        req: &'a ModelInferRequest,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Response<ModelInferResponse>, PathError>> {
+        Box::pin(async move {
+            self.0
+                .infer(&peer.node, peer.channel.clone(), req.clone(), timeout)
+                .await
+                .map_err(|e| match e {
+                    RdmaPathError::Status(s) => PathError::Status(s),
+                    RdmaPathError::NotApplicable(why) => PathError::NotApplicable(why),
+                    RdmaPathError::PathBroken(why) => PathError::Broken(why),
+                })
+        })
+    }
+
+    fn forget(&self, node: &str) {
+        self.0.forget(node);
     }
 }
 

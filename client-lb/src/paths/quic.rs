@@ -23,7 +23,8 @@ use infermesh_transport::Path;
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey, MetadataMap};
 use tonic::{Code, Response, Status};
 
-use crate::paths::{BoxFuture, PathError, Peer, Transport};
+use super::peer::Peer;
+use super::transport::{BoxFuture, PathError, Transport};
 
 /// Longest wait for a QUIC handshake before falling back.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
