@@ -14,21 +14,21 @@
 //!   replaces the old one for new handshakes). The OIP port and KServe HTTP (the data plane) further
 //!   require one of `allow_clients` among its DNS names when that list is
 //!   set; the admin port does not (operators' tools use their own
-//!   certificates; mutating calls need the admin token anyway).
+//!   certificates; mutating calls need the admin token anyway). Both checks
+//!   are the one verifier of `infermesh-tls` ([`Verifier`] over a
+//!   reloadable [`Ca`]), the same the client library checks agents with.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use infermesh_proto::tls::{ALPN_H2, ALPN_HTTP1, certified_key, provider, read_pem, root_store};
-use rustls::DistinguishedName;
-use rustls::client::danger::HandshakeSignatureValid;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use infermesh_tls::{ALPN_H2, ALPN_HTTP1, Ca, Verifier, certified_key, provider, read_pem};
+use rustls::ServerConfig;
+use rustls::pki_types::ServerName;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use rustls::{DigitallySignedStruct, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -60,7 +60,7 @@ pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
 pub struct ServerTls {
     certs: Arc<Reloading>,
     /// The client CA (mTLS), re-read like the certificate.
-    client_ca: Option<Arc<ReloadingCa>>,
+    client_ca: Option<Arc<Ca>>,
     /// The OIP port (ALPN `h2`; allow-list applies).
     pub oip: TlsAcceptor,
     /// KServe HTTP (`h2`, `http/1.1`; allow-list applies).
@@ -78,16 +78,15 @@ impl ServerTls {
         let certs = Arc::new(Reloading::load(settings)?);
         let client_ca = match &settings.client_ca {
             None => None,
-            Some(ca) => Some(Arc::new(ReloadingCa::load(ca)?)),
+            Some(ca) => Some(Arc::new(Ca::load(ca, "tls.client_ca")?)),
         };
         let (data, admin) = match &client_ca {
             None => (None, None),
             Some(ca) => {
+                // The one verifier (infermesh-tls): signed through the client
+                // CA and, on the data plane, named in `allow_clients`.
                 let verifier = |allow: Vec<ServerName<'static>>| -> Arc<dyn ClientCertVerifier> {
-                    Arc::new(ClientCerts {
-                        ca: Arc::clone(ca),
-                        allow,
-                    })
+                    Arc::new(Verifier::new(Arc::clone(ca), allow))
                 };
                 let allow = settings
                     .allow_clients
@@ -138,7 +137,7 @@ impl ServerTls {
             }
             if let Some(ca) = &self.client_ca {
                 let ca = Arc::clone(ca);
-                let path = ca.path.clone();
+                let path = ca.path().map(|p| p.to_path_buf()).unwrap_or_default();
                 match tokio::task::spawn_blocking(move || ca.reload()).await {
                     Ok(Ok(true)) => tracing::info!(
                         client_ca = %path.display(),
@@ -232,132 +231,6 @@ impl Reloading {
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current.load_full())
-    }
-}
-
-/// The client CA file's verifier, rebuilt when the file's bytes change and
-/// the new CA loads (a CA rotated by cert-manager or a Secret update): new
-/// handshakes are verified against it, connections already open keep going.
-/// [`ClientCerts`] offers clients no list of acceptable CA names (the hint
-/// is optional in TLS; clients send their one certificate).
-struct ReloadingCa {
-    path: PathBuf,
-    current: ArcSwap<Verifier>,
-    loaded: Mutex<Vec<u8>>,
-}
-
-/// One built verifier.
-struct Verifier(Arc<dyn ClientCertVerifier>);
-
-impl std::fmt::Debug for ReloadingCa {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReloadingCa")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ReloadingCa {
-    fn build(pem: &[u8]) -> Result<Verifier, String> {
-        let roots = Arc::new(root_store(pem, "tls.client_ca")?);
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
-            .build()
-            .map_err(|e| format!("tls.client_ca: {e}"))?;
-        Ok(Verifier(verifier))
-    }
-
-    fn load(path: &std::path::Path) -> Result<Self, String> {
-        let pem = read_pem(path, "tls.client_ca")?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            current: ArcSwap::from_pointee(Self::build(&pem)?),
-            loaded: Mutex::new(pem),
-        })
-    }
-
-    fn reload(&self) -> Result<bool, String> {
-        let pem = read_pem(&self.path, "tls.client_ca")?;
-        let mut loaded = self.loaded.lock().expect("not poisoned");
-        if *loaded == pem {
-            return Ok(false);
-        }
-        self.current.store(Arc::new(Self::build(&pem)?));
-        *loaded = pem;
-        Ok(true)
-    }
-}
-
-/// Client certificates on one port: signed by the current CA and, when
-/// `allow` is not empty (the data plane's allow-list), valid for one of its
-/// names. The ports share one [`ReloadingCa`].
-#[derive(Debug)]
-struct ClientCerts {
-    ca: Arc<ReloadingCa>,
-    allow: Vec<ServerName<'static>>,
-}
-
-impl ClientCertVerifier for ClientCerts {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified =
-            self.ca
-                .current
-                .load()
-                .0
-                .verify_client_cert(end_entity, intermediates, now)?;
-        if self.allow.is_empty() {
-            return Ok(verified);
-        }
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        if self
-            .allow
-            .iter()
-            .any(|n| rustls::client::verify_server_name(&cert, n).is_ok())
-        {
-            Ok(verified)
-        } else {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::ApplicationVerificationFailure,
-            ))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.ca
-            .current
-            .load()
-            .0
-            .verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.ca
-            .current
-            .load()
-            .0
-            .verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.ca.current.load().0.supported_verify_schemes()
     }
 }
 
@@ -575,7 +448,7 @@ mod tests {
             .unwrap();
         assert!(err.contains("no private key"), "{err}");
         let big = dir.join("big.pem");
-        std::fs::write(&big, vec![b'A'; infermesh_proto::tls::MAX_PEM_BYTES + 1]).unwrap();
+        std::fs::write(&big, vec![b'A'; infermesh_tls::MAX_PEM_BYTES + 1]).unwrap();
         let err = ServerTls::load(&settings(big, key)).err().unwrap();
         assert!(err.contains("over"), "{err}");
     }

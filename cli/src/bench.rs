@@ -23,7 +23,7 @@ use infermesh_proto::inference::model_infer_request::{
 };
 use infermesh_proto::inference::{ModelInferRequest, ServerLiveRequest, ServerReadyRequest};
 use infermesh_proto::tensor::f32_to_raw;
-use infermesh_proto::tls::ClientTls;
+use infermesh_tls::ClientTls;
 use infermesh_transport::Path;
 use tonic::transport::Channel;
 

@@ -232,7 +232,7 @@ async fn run(args: DrillArgs) -> i32 {
         Ok(token) => {
             let dial = tls
                 .as_ref()
-                .map(|t| infermesh_proto::tls::TlsConnector::new(t, None));
+                .map(|t| infermesh_tls::TlsConnector::new(t, None));
             crate::ops::connect(&args.admin, Duration::from_secs(5), token, dial).await
         }
         Err(e) => Err(e),

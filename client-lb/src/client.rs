@@ -250,8 +250,8 @@ impl ClientBuilder {
 
     /// TLS to agents whose records say they serve TLS: the CA that signed
     /// their certificates and, for agents requiring client certificates,
-    /// this client's own (see [`infermesh_proto::tls::TlsFiles`]).
-    pub fn tls(mut self, tls: infermesh_proto::tls::ClientTls) -> Self {
+    /// this client's own (see [`infermesh_tls::TlsFiles`]).
+    pub fn tls(mut self, tls: infermesh_tls::ClientTls) -> Self {
         self.paths.tls = Some(tls);
         self
     }

@@ -77,8 +77,8 @@ pub struct RawTls {
 
 impl RawTls {
     /// These files, or the environment's when none is given.
-    pub fn files(&self) -> infermesh_proto::tls::TlsFiles {
-        use infermesh_proto::tls::{ENV_CA, ENV_CERT, ENV_KEY, TlsFiles};
+    pub fn files(&self) -> infermesh_tls::TlsFiles {
+        use infermesh_tls::{ENV_CA, ENV_CERT, ENV_KEY, TlsFiles};
         if self.ca.is_none() && self.cert.is_none() && self.key.is_none() {
             let var = |name| {
                 std::env::var_os(name)
@@ -180,7 +180,7 @@ pub struct ClientConfig {
     /// [`ClientConfig::local_node`] holds it.
     pub balancer: BalancerConfig,
     /// TLS to agents that serve it (`[tls]` or the environment), loaded.
-    pub tls: Option<infermesh_proto::tls::ClientTls>,
+    pub tls: Option<infermesh_tls::ClientTls>,
     /// Transport ladder, applied with [`ClientBuilder::transports`]
     /// (`quic` is used with nodes that advertise it when TLS is configured).
     pub transport: TransportConfig,

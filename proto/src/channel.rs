@@ -8,7 +8,7 @@ use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::GrpcInferenceServiceClient;
-use crate::tls::{ClientTls, TlsConnector};
+use infermesh_tls::{ClientTls, TlsConnector};
 
 /// An OIP client for `addr` (`host:port` or a URI). Errors name the address.
 pub fn oip_client(
@@ -29,7 +29,7 @@ pub fn oip_channel(addr: &str, connect_timeout: Duration) -> Result<Channel, Str
     Ok(oip_endpoint(addr, connect_timeout)?.connect_lazy())
 }
 
-/// [`oip_channel`] over TLS when `tls` is given (see [`crate::tls`]): the
+/// [`oip_channel`] over TLS when `tls` is given (see [`infermesh_tls`]): the
 /// agent's certificate must be valid for the address's host, or for
 /// `also_name` (the record's host name).
 pub fn oip_channel_tls(

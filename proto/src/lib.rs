@@ -13,7 +13,8 @@
 //! - [`load`]: the load report an agent attaches to every response's trailers.
 //! - [`registry`]: the `NodeRecord` agents advertise in ZooKeeper and the
 //!   registry URL (`zk://...`, `static://...`).
-//! - [`tls`]: TLS files, the client side of TLS connections to agents.
+//! - [`channel`]: the one way infermesh opens an OIP client (TLS from
+//!   `infermesh-tls`).
 //! - [`quic`]: the QUIC rung's frames (one stream per `ModelInfer`).
 //!
 //! Protos are compiled by the pure-Rust `protox` (no `protoc` anywhere);
@@ -28,7 +29,6 @@ pub mod quic;
 pub mod rdma;
 pub mod registry;
 pub mod tensor;
-pub mod tls;
 
 /// The Open Inference Protocol (`inference` package).
 #[allow(clippy::all, missing_docs)]

@@ -6,10 +6,10 @@
 
 use infermesh_client::{Client, PathsConfig};
 use infermesh_proto::registry::{NodeRecord, NodeState, node_path};
-use infermesh_proto::tls::{ClientTls, TlsConnector};
 use infermesh_tests::certs::Pki;
 use infermesh_tests::zk::Zk;
 use infermesh_tests::{Agent, dense, eventually, testworker};
+use infermesh_tls::{ClientTls, TlsConnector};
 use infermesh_transport::Path;
 use zookeeper_client as zk;
 

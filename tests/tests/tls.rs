@@ -17,10 +17,10 @@ use infermesh_proto::admin::admin_client::AdminClient;
 use infermesh_proto::channel::oip_channel_tls;
 use infermesh_proto::inference::ServerReadyRequest;
 use infermesh_proto::registry::NodeState;
-use infermesh_proto::tls::{ClientTls, TlsConnector};
 use infermesh_tests::certs::{Issued, Pki};
 use infermesh_tests::zk::Zk;
 use infermesh_tests::{Agent, Load, bin, dense, eventually, free_port, http_get, testworker};
+use infermesh_tls::{ClientTls, TlsConnector};
 use serde_json::Value;
 use tonic::transport::Channel;
 

@@ -23,7 +23,7 @@ use clap::Args;
 use infermesh_client::discovery::{self, Source};
 use infermesh_proto::admin::admin_client::AdminClient;
 use infermesh_proto::registry::{NodeRecord, RegistryUrl};
-use infermesh_proto::tls::{ClientTls, TlsConnector, TlsFiles};
+use infermesh_tls::{ClientTls, TlsConnector, TlsFiles};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use infermesh_proto::tls::ClientTls;
 use infermesh_rdma::RdmaEngine;
+use infermesh_tls::ClientTls;
 use infermesh_transport::Path;
 use infermesh_transport::shm::{PoolConfig, ShmDir, ShmPool};
 

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use infermesh_proto::GrpcInferenceServiceClient;
 use infermesh_proto::registry::NodeRecord;
-use infermesh_proto::tls::ClientTls;
 use infermesh_proto::{DEFAULT_MAX_MESSAGE_BYTES, channel::oip_channel_tls};
+use infermesh_tls::ClientTls;
 use tonic::transport::Channel;
 
 use crate::balancer::NodeId;
@@ -45,7 +45,7 @@ impl Peer {
                 return Err(format!(
                     "node '{}' serves TLS and no TLS CA is configured (tls_ca, {})",
                     record.node_id,
-                    infermesh_proto::tls::ENV_CA
+                    infermesh_tls::ENV_CA
                 ));
             }
         };

@@ -18,7 +18,7 @@ use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
 use infermesh_proto::quic::{
     ALPN, Answer, MAX_UDP_PAYLOAD, decode_response, encode_request_chunks,
 };
-use infermesh_proto::tls::ClientTls;
+use infermesh_tls::ClientTls;
 use infermesh_transport::Path;
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey, MetadataMap};
 use tonic::{Code, Response, Status};

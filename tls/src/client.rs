@@ -1,110 +1,23 @@
-//! TLS of infermesh's connections (issue 13), shared by the agent, the
-//! client library and the CLI: PEM files read with bounds and clear errors,
-//! rustls with the `ring` provider, and the client side of a TLS connection
-//! to an agent ([`ClientTls`], [`TlsConnector`]).
-//!
-//! A client verifies the agent's certificate against the CA it was given
-//! and against the agent's *name*: the IP address it dials (an IP SAN), or
-//! else the host name the agent's record carries (a DNS SAN). The agent's
-//! side (certificate reload, client certificates) lives in the agent.
+//! The client side of a TLS connection to an agent: the files
+//! ([`TlsFiles`]), the settings they give ([`ClientTls`]), and a connector
+//! for tonic channels ([`TlsConnector`]). The agent's certificate is checked
+//! by the one [`Verifier`](crate::Verifier): the chain against the CA, then
+//! the name dialled or else the record's host name.
 
 use std::fmt;
 use std::future::Future;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{WebPkiServerVerifier, verify_server_name};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::ParsedCertificate;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-/// Largest PEM file read (a certificate chain or a key): real ones are a
-/// few KiB; a bigger file is not one.
-pub const MAX_PEM_BYTES: usize = 1 << 20;
-
-/// ALPN of the OIP port: gRPC is HTTP/2 only.
-pub const ALPN_H2: &[u8] = b"h2";
-/// ALPN of HTTP ports that also speak HTTP/1.1 (admin, KServe HTTP).
-pub const ALPN_HTTP1: &[u8] = b"http/1.1";
-
-/// Environment variables of the client library and the CLI.
-pub const ENV_CA: &str = "INFERMESH_TLS_CA";
-/// See [`ENV_CA`].
-pub const ENV_CERT: &str = "INFERMESH_TLS_CERT";
-/// See [`ENV_CA`].
-pub const ENV_KEY: &str = "INFERMESH_TLS_KEY";
-
-/// The crypto provider everywhere: `ring`.
-pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Reads a PEM file of at most [`MAX_PEM_BYTES`]; `what` names it in errors.
-pub fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("{what}: cannot read {}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PEM_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{what}: cannot read {}: {e}", path.display()))?;
-    if bytes.len() > MAX_PEM_BYTES {
-        return Err(format!(
-            "{what}: {} is over {MAX_PEM_BYTES} bytes: not a PEM certificate or key",
-            path.display()
-        ));
-    }
-    Ok(bytes)
-}
-
-/// The certificates in PEM text; at least one.
-pub fn parse_certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{what}: not PEM certificates: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{what}: no CERTIFICATE block in it"));
-    }
-    for c in &certs {
-        ParsedCertificate::try_from(c).map_err(|e| format!("{what}: a bad certificate: {e}"))?;
-    }
-    Ok(certs)
-}
-
-/// The private key in PEM text (PKCS#8, PKCS#1 or SEC1).
-pub fn parse_key(pem: &[u8], what: &str) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("{what}: no private key in it: {e}"))
-}
-
-/// A certificate chain and its key, checked to belong together.
-pub fn certified_key(
-    cert_pem: &[u8],
-    key_pem: &[u8],
-) -> Result<rustls::sign::CertifiedKey, String> {
-    let certs = parse_certs(cert_pem, "certificate")?;
-    let key = parse_key(key_pem, "key")?;
-    rustls::sign::CertifiedKey::from_der(certs, key, &provider())
-        .map_err(|e| format!("the key does not go with the certificate: {e}"))
-}
-
-/// A root store of the CA certificates in `pem`.
-pub fn root_store(pem: &[u8], what: &str) -> Result<rustls::RootCertStore, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in parse_certs(pem, what)? {
-        roots
-            .add(c)
-            .map_err(|e| format!("{what}: not a usable CA certificate: {e}"))?;
-    }
-    Ok(roots)
-}
+use crate::pem::{certified_key, parse_key, read_pem};
+use crate::verify::{Ca, Verifier};
+use crate::{ALPN_H2, provider};
 
 /// Paths of a client's TLS files: the CA that signed the agents'
 /// certificates and, for agents that require client certificates (mTLS),
@@ -146,7 +59,7 @@ impl TlsFiles {
 /// A client's TLS settings: whom to trust, and what to present.
 #[derive(Clone)]
 pub struct ClientTls {
-    roots: Arc<rustls::RootCertStore>,
+    ca: Arc<Ca>,
     identity: Option<Arc<Identity>>,
 }
 
@@ -159,7 +72,7 @@ struct Identity {
 impl fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientTls")
-            .field("roots", &self.roots.len())
+            .field("ca", &self.ca)
             .field("client_cert", &self.identity.is_some())
             .finish()
     }
@@ -169,7 +82,7 @@ impl ClientTls {
     /// From PEM text: CA certificates, and optionally a certificate chain
     /// and key to present.
     pub fn from_pem(ca: &[u8], identity: Option<(&[u8], &[u8])>) -> Result<Self, String> {
-        let roots = Arc::new(root_store(ca, "TLS CA")?);
+        let ca = Arc::new(Ca::from_pem(ca, "TLS CA")?);
         let identity = match identity {
             Some((c, k)) => {
                 // Checks that they go together.
@@ -181,21 +94,18 @@ impl ClientTls {
             }
             None => None,
         };
-        Ok(Self { roots, identity })
+        Ok(Self { ca, identity })
     }
 
     /// A rustls client config for one agent: `also` is a second name its
     /// certificate may carry (the record's host name) when the address
     /// dialled is not in it; `alpn` the protocols offered.
     pub fn config(&self, also: Option<&str>, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-        let inner =
-            WebPkiServerVerifier::builder_with_provider(Arc::clone(&self.roots), provider())
-                .build()
-                .expect("a non-empty root store always builds");
-        let verifier = Arc::new(NameVerifier {
-            inner,
-            also: also.and_then(|n| ServerName::try_from(n.to_string()).ok()),
-        });
+        let also = also.and_then(|n| ServerName::try_from(n.to_string()).ok());
+        let verifier = Arc::new(Verifier::new(
+            Arc::clone(&self.ca),
+            also.into_iter().collect(),
+        ));
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .expect("ring supports the default versions")
@@ -214,63 +124,6 @@ impl ClientTls {
     /// Whether a client certificate is presented.
     pub fn has_identity(&self) -> bool {
         self.identity.is_some()
-    }
-}
-
-/// WebPKI verification of the chain, then of the name: the name dialled,
-/// or else `also`.
-#[derive(Debug)]
-struct NameVerifier {
-    inner: Arc<WebPkiServerVerifier>,
-    also: Option<ServerName<'static>>,
-}
-
-impl ServerCertVerifier for NameVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .inner
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
-            | Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::NotValidForNameContext { .. },
-            )) if self.also.is_some() => {
-                let also = self.also.as_ref().expect("checked");
-                let cert = ParsedCertificate::try_from(end_entity)?;
-                verify_server_name(&cert, also)?;
-                Ok(ServerCertVerified::assertion())
-            }
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.inner.supported_verify_schemes()
     }
 }
 
@@ -422,7 +275,7 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("needs the CA"), "{err}");
         assert!(TlsFiles::default().load().unwrap().is_none());
-        let dir = std::env::temp_dir().join(format!("infermesh-proto-tls-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("infermesh-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let (ca, _) = ca_and_server(&["127.0.0.1"]);
         std::fs::write(dir.join("ca.pem"), ca).unwrap();
