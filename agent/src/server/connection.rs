@@ -309,6 +309,15 @@ where
                 wake.into_iter().for_each(Waker::wake);
                 continue;
             }
+            if !reading && conn.out().len() < write_buffer {
+                // The pass began with the write buffer full (so it did not
+                // read) and the writes made room: read now. Going to sleep
+                // here would leave what the client sent meanwhile (its
+                // WINDOW_UPDATEs) unread until a timer woke the driver.
+                drop(inner);
+                wake.into_iter().for_each(Waker::wake);
+                continue;
+            }
             if !progress {
                 inner.driver = match inner.driver.take() {
                     Some(w) if w.will_wake(cx.waker()) => Some(w),

@@ -385,3 +385,80 @@ async fn many_streams_of_one_connection_are_not_all_run_by_its_task() {
         assert_eq!(resp.await.unwrap().status(), 200);
     }
 }
+
+/// Found measuring 16 MiB answers at concurrency 2 (issue 27): the driver
+/// does not read while its write buffer is full; a pass that began full
+/// and emptied it by writing went to sleep without asking to read, so
+/// what the client had sent meanwhile (its WINDOW_UPDATEs) waited for the
+/// next timer — the connection stalled for seconds. Here PING ACKs fill
+/// the buffer while the client is not reading; once it reads (in gulps
+/// that take the whole buffer at once), the rest of its PINGs must be
+/// answered with no timer involved: the paused clock never moves.
+#[tokio::test(start_paused = true)]
+async fn a_driver_that_empties_a_full_write_buffer_reads_again() {
+    use infermesh_http2::frame::{self, flag};
+    use infermesh_http2::kind;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (agent, client) = tokio::io::duplex(64 << 10);
+    let limits = ServerLimits {
+        http2: Limits {
+            control_frame_burst: u32::MAX,
+            write_buffer: 16 << 10,
+            ..limits().http2
+        },
+        ..limits()
+    };
+    let served = tokio::spawn(serve_connection(
+        agent,
+        ConnInfo::new(1, None),
+        Arc::new(Echo::default()),
+        limits,
+        shutdown(),
+    ));
+    let mut flood = BytesMut::from(frame::PREFACE);
+    frame::put_settings(&mut flood, &[]);
+    // Enough ACKs to fill the pipe back and the write buffer, then a last
+    // PING the test waits for.
+    for _ in 0..10_000 {
+        frame::put_head(&mut flood, 8, kind::PING, 0, 0);
+        flood.extend_from_slice(b"pingpong");
+    }
+    frame::put_head(&mut flood, 8, kind::PING, 0, 0);
+    flood.extend_from_slice(b"lastping");
+    let started = tokio::time::Instant::now();
+    let (mut from_agent, mut to_agent) = tokio::io::split(client);
+    let writer = tokio::spawn(async move { to_agent.write_all(&flood).await });
+    // The agent stops reading with its write buffer full.
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!writer.is_finished(), "the pipe to the agent filled up");
+    let mut buf = BytesMut::new();
+    loop {
+        while buf.len() >= frame::HEADER_LEN {
+            let head = frame::parse_head(&buf);
+            if buf.len() < frame::HEADER_LEN + head.len {
+                break;
+            }
+            let payload = buf
+                .split_to(frame::HEADER_LEN + head.len)
+                .split_off(frame::HEADER_LEN);
+            if head.kind == kind::PING && head.flags & flag::ACK != 0 && &payload[..] == b"lastping"
+            {
+                assert_eq!(
+                    started.elapsed(),
+                    Duration::ZERO,
+                    "the agent stopped reading until a timer woke it"
+                );
+                writer.await.unwrap().unwrap();
+                assert!(!served.is_finished());
+                return;
+            }
+        }
+        buf.reserve(256 << 10);
+        assert!(
+            from_agent.read_buf(&mut buf).await.unwrap() > 0,
+            "the agent closed"
+        );
+    }
+}
