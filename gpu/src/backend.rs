@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::{FakeTelemetry, GpuError, GpuTelemetry, NoTelemetry, NvmlTelemetry};
+use crate::{FakeSetup, FakeTelemetry, GpuError, GpuTelemetry, NoTelemetry, NvmlTelemetry};
 
 /// Which telemetry backend to run, as configured (`gpu.backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -59,15 +59,15 @@ impl FromStr for Backend {
     }
 }
 
-/// Opens `backend`; `fake_devices` is the device count for [`Backend::Fake`].
+/// Opens `backend`; `fake` is what [`Backend::Fake`] pretends the host has.
 ///
 /// [`Backend::Auto`] never fails: without NVML it logs one line saying GPU
 /// telemetry is off and why, and returns [`NoTelemetry`]. [`Backend::Nvml`]
 /// returns NVML's error instead.
-pub fn open(backend: Backend, fake_devices: u32) -> Result<Arc<dyn GpuTelemetry>, GpuError> {
+pub fn open(backend: Backend, fake: FakeSetup) -> Result<Arc<dyn GpuTelemetry>, GpuError> {
     match backend {
         Backend::Nvml => Ok(Arc::new(NvmlTelemetry::open()?)),
-        Backend::Fake => Ok(Arc::new(FakeTelemetry::new(fake_devices))),
+        Backend::Fake => Ok(Arc::new(FakeTelemetry::from_setup(fake))),
         Backend::Off => Ok(Arc::new(NoTelemetry)),
         Backend::Auto => match NvmlTelemetry::open() {
             Ok(nvml) => Ok(Arc::new(nvml)),
@@ -115,12 +115,15 @@ mod tests {
             Ok(_) => "nvml",
             Err(_) => "off",
         };
-        assert_eq!(open(Backend::Auto, 0).unwrap().backend(), expected);
+        assert_eq!(
+            open(Backend::Auto, FakeSetup::default()).unwrap().backend(),
+            expected
+        );
     }
 
     #[test]
     fn nvml_reports_why_it_is_unavailable() {
-        match open(Backend::Nvml, 0) {
+        match open(Backend::Nvml, FakeSetup::default()) {
             Ok(gpu) => assert_eq!(gpu.backend(), "nvml"),
             Err(error) => assert!(
                 matches!(error, GpuError::Unavailable(_) | GpuError::Nvml(_)),
@@ -131,10 +134,14 @@ mod tests {
 
     #[test]
     fn fake_and_off() {
-        let fake = open(Backend::Fake, 4).unwrap();
+        let four = FakeSetup {
+            devices: 4,
+            ..FakeSetup::default()
+        };
+        let fake = open(Backend::Fake, four).unwrap();
         assert_eq!(fake.backend(), "fake");
         assert_eq!(fake.devices().len(), 4);
-        let off = open(Backend::Off, 4).unwrap();
+        let off = open(Backend::Off, four).unwrap();
         assert_eq!(off.backend(), "off");
         assert!(off.devices().is_empty());
     }

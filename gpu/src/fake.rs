@@ -1,14 +1,39 @@
 //! A scriptable backend for tests and fault drills.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::broadcast;
 
 use crate::telemetry::EVENT_CAPACITY;
-use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry};
+use crate::{
+    GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry, MigDevice, MpsStatus,
+};
 
 const GIB: u64 = 1 << 30;
+
+/// What the fake backend pretends the host has, as configured
+/// (`[gpu] fake_devices`, `fake_mig_devices`, `fake_mps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FakeSetup {
+    /// GPUs, indexed from 0.
+    pub devices: u32,
+    /// MIG instances on each GPU (0: MIG off).
+    pub mig_per_device: u32,
+    /// Whether an MPS control daemon serves every GPU.
+    pub mps: bool,
+}
+
+impl Default for FakeSetup {
+    fn default() -> Self {
+        Self {
+            devices: 2,
+            mig_per_device: 0,
+            mps: false,
+        }
+    }
+}
 
 /// Fake GPUs (backend `"fake"`): fixed devices, samples and process lists
 /// the test sets, and fault events delivered by [`GpuTelemetry::inject`].
@@ -20,6 +45,8 @@ pub struct FakeTelemetry {
     devices: Vec<GpuDevice>,
     samples: Mutex<BTreeMap<u32, GpuSample>>,
     processes: Mutex<Vec<GpuProcess>>,
+    mig: Mutex<Vec<MigDevice>>,
+    mps: Mutex<BTreeSet<u32>>,
     events: broadcast::Sender<GpuEvent>,
 }
 
@@ -42,6 +69,31 @@ impl FakeTelemetry {
         Self::with_devices(devices)
     }
 
+    /// The host `setup` describes: [`FakeTelemetry::new`]'s devices, each
+    /// split into `mig_per_device` MIG instances named
+    /// `MIG-fake-<gpu>-<instance>` (80 GiB shared equally), MPS on every GPU
+    /// when `mps`.
+    pub fn from_setup(setup: FakeSetup) -> Self {
+        let fake = Self::new(setup.devices);
+        let per = setup.mig_per_device;
+        let mig = (0..setup.devices)
+            .flat_map(|parent| {
+                (0..per).map(move |index| MigDevice {
+                    parent,
+                    index,
+                    uuid: format!("MIG-fake-{parent}-{index}"),
+                    memory_total_bytes: 80 * GIB / u64::from(per),
+                    memory_used_bytes: 0,
+                })
+            })
+            .collect();
+        fake.set_mig_devices(mig);
+        for index in 0..setup.devices {
+            fake.set_mps(index, setup.mps);
+        }
+        fake
+    }
+
     /// The given devices; each starts with the default plausible sample.
     pub fn with_devices(devices: Vec<GpuDevice>) -> Self {
         let samples = devices
@@ -52,6 +104,8 @@ impl FakeTelemetry {
             devices,
             samples: Mutex::new(samples),
             processes: Mutex::new(Vec::new()),
+            mig: Mutex::new(Vec::new()),
+            mps: Mutex::new(BTreeSet::new()),
             events: broadcast::channel(EVENT_CAPACITY).0,
         }
     }
@@ -75,6 +129,22 @@ impl FakeTelemetry {
             .processes
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = processes;
+    }
+
+    /// Make [`GpuTelemetry::mig_devices`] report `mig` from now on.
+    pub fn set_mig_devices(&self, mig: Vec<MigDevice>) {
+        *self.mig.lock().unwrap_or_else(PoisonError::into_inner) = mig;
+    }
+
+    /// Say from now on whether MPS serves GPU `index` (whatever pipe
+    /// directory is asked about).
+    pub fn set_mps(&self, index: u32, running: bool) {
+        let mut mps = self.mps.lock().unwrap_or_else(PoisonError::into_inner);
+        if running {
+            mps.insert(index);
+        } else {
+            mps.remove(&index);
+        }
     }
 }
 
@@ -110,6 +180,31 @@ impl GpuTelemetry for FakeTelemetry {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    fn mig_devices(&self) -> Vec<MigDevice> {
+        self.mig
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn mps(&self, index: u32, _pipe_directory: &Path) -> MpsStatus {
+        if !self.devices.iter().any(|d| d.index == index) {
+            return MpsStatus::Absent(format!("no GPU with index {index}"));
+        }
+        if self
+            .mps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&index)
+        {
+            MpsStatus::Running
+        } else {
+            MpsStatus::Absent(format!(
+                "no MPS control daemon serves fake GPU {index} (fake_mps = false)"
+            ))
+        }
     }
 
     fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
@@ -213,6 +308,30 @@ mod tests {
         };
         fake.set_processes(vec![p.clone()]);
         assert_eq!(fake.processes(), vec![p]);
+    }
+
+    #[test]
+    fn setup_lists_mig_instances_and_says_where_mps_runs() {
+        let dir = Path::new("/nonexistent");
+        let plain = FakeTelemetry::from_setup(FakeSetup::default());
+        assert_eq!(plain.devices().len(), 2);
+        assert!(plain.mig_devices().is_empty());
+        assert!(matches!(plain.mps(0, dir), MpsStatus::Absent(_)));
+
+        let sliced = FakeTelemetry::from_setup(FakeSetup {
+            devices: 2,
+            mig_per_device: 3,
+            mps: true,
+        });
+        let mig = sliced.mig_devices();
+        assert_eq!(mig.len(), 6);
+        assert_eq!(mig[4].uuid, "MIG-fake-1-1");
+        assert_eq!((mig[4].parent, mig[4].index), (1, 1));
+        assert_eq!(mig[4].memory_total_bytes, 80 * GIB / 3);
+        assert_eq!(sliced.mps(1, dir), MpsStatus::Running);
+        assert!(matches!(sliced.mps(2, dir), MpsStatus::Absent(_)));
+        sliced.set_mps(1, false);
+        assert!(matches!(sliced.mps(1, dir), MpsStatus::Absent(_)));
     }
 
     #[test]

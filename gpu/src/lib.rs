@@ -17,6 +17,10 @@
 //! [`open`] picks one from the configured [`Backend`]; `auto` uses NVML when
 //! it is there and otherwise logs one line and runs without GPU events.
 //!
+//! It lists MIG instances ([`MigDevice`]) and says whether CUDA MPS serves
+//! a GPU ([`MpsStatus`]), so the agent can check the slices of a GPU its
+//! workers are given (see [`slice`]).
+//!
 //! It also lists the processes on each GPU with the memory they hold
 //! ([`GpuProcess`]), so the agent can say which worker holds how much.
 //!
@@ -47,6 +51,7 @@ mod nvml;
 mod nvrm;
 mod off;
 mod pci;
+pub mod slice;
 mod telemetry;
 pub mod xid;
 
@@ -54,12 +59,13 @@ pub use backend::{Backend, ParseBackendError, open};
 pub use correlate::{DEFAULT_HOLD, DEFAULT_WINDOW, XidCorrelator, XidReport};
 pub use device::{GpuDevice, GpuEvent, GpuEventKind, GpuProcess, GpuSample, throttle};
 pub use error::GpuError;
-pub use fake::FakeTelemetry;
+pub use fake::{FakeSetup, FakeTelemetry};
 pub use kernel_log::{FakeKernelLog, KMSG, KernelLog, Kmsg, NoKernelLog, open_kernel_log};
 pub use nvml::NvmlTelemetry;
 pub use nvrm::KernelXid;
 pub use off::NoTelemetry;
 pub use pci::PciAddress;
+pub use slice::{MigDevice, MpsStatus};
 pub use telemetry::GpuTelemetry;
 pub use xid::{
     XID_DOUBLE_BIT_ECC, XID_FALLEN_OFF_BUS, XidAction, XidClassifier, XidPolicy, XidVerdict,

@@ -9,6 +9,7 @@
 //! (`nvml/watcher.rs`), which needs Linux: elsewhere no events are reported.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,12 +21,15 @@ use nvml_wrapper::error::NvmlError;
 use tokio::sync::broadcast;
 
 use crate::telemetry::EVENT_CAPACITY;
-use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry};
+use crate::{
+    GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry, MigDevice, MpsStatus,
+};
 
 /// Per-process utilization is averaged over the driver's samples of this
 /// last stretch of time.
 const PROCESS_UTILIZATION_WINDOW: Duration = Duration::from_secs(5);
 
+mod mig;
 #[cfg(target_os = "linux")]
 mod watcher;
 
@@ -39,6 +43,7 @@ pub struct NvmlTelemetry {
     devices: Vec<GpuDevice>,
     events: broadcast::Sender<GpuEvent>,
     stop: Arc<AtomicBool>,
+    mig_warnings: mig::MigWarnings,
 }
 
 impl NvmlTelemetry {
@@ -83,6 +88,7 @@ impl NvmlTelemetry {
             devices,
             events,
             stop,
+            mig_warnings: mig::MigWarnings::default(),
         })
     }
 }
@@ -133,6 +139,15 @@ impl GpuTelemetry for NvmlTelemetry {
                 },
             )
             .collect()
+    }
+
+    fn mig_devices(&self) -> Vec<MigDevice> {
+        let indices: Vec<u32> = self.devices.iter().map(|d| d.index).collect();
+        mig::mig_devices(&self.nvml, &indices, &self.mig_warnings)
+    }
+
+    fn mps(&self, index: u32, pipe_directory: &Path) -> MpsStatus {
+        mig::mps(&self.nvml, index, pipe_directory)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
@@ -286,6 +301,10 @@ mod tests {
                 }
                 for p in nvml.processes() {
                     assert!(p.pid > 0);
+                }
+                for m in nvml.mig_devices() {
+                    assert!(m.uuid.starts_with("MIG-"), "{}", m.uuid);
+                    assert!(nvml.devices().iter().any(|d| d.index == m.parent));
                 }
             }
             Err(GpuError::Unavailable(reason)) => assert!(!reason.is_empty()),

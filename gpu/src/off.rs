@@ -1,11 +1,14 @@
 //! The backend for hosts without GPU telemetry.
 
+use std::path::Path;
 use std::sync::OnceLock;
 
 use tokio::sync::broadcast;
 
 use crate::telemetry::EVENT_CAPACITY;
-use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry};
+use crate::{
+    GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, GpuTelemetry, MigDevice, MpsStatus,
+};
 
 /// No GPU telemetry (backend `"off"`): no devices, no samples, and fault
 /// events never arrive.
@@ -37,6 +40,16 @@ impl GpuTelemetry for NoTelemetry {
         Vec::new()
     }
 
+    fn mig_devices(&self) -> Vec<MigDevice> {
+        Vec::new()
+    }
+
+    /// No telemetry is not no GPU (the backend may be `off` by choice): the
+    /// control daemon's pipe still says whether MPS runs.
+    fn mps(&self, _index: u32, pipe_directory: &Path) -> MpsStatus {
+        crate::slice::control_pipe(pipe_directory)
+    }
+
     fn subscribe(&self) -> broadcast::Receiver<GpuEvent> {
         never().subscribe()
     }
@@ -62,6 +75,9 @@ mod tests {
         assert!(off.devices().is_empty());
         assert!(off.sample().is_empty());
         assert!(off.processes().is_empty());
+        assert!(off.mig_devices().is_empty());
+        let nowhere = std::path::Path::new("/nonexistent/nvidia-mps");
+        assert!(matches!(off.mps(0, nowhere), MpsStatus::Absent(_)));
         // The receiver outlives any particular `NoTelemetry` value.
         let mut rx = { NoTelemetry }.subscribe();
         assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));

@@ -1,8 +1,10 @@
 //! The narrow trait the agent sees.
 
+use std::path::Path;
+
 use tokio::sync::broadcast;
 
-use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample};
+use crate::{GpuDevice, GpuError, GpuEvent, GpuProcess, GpuSample, MigDevice, MpsStatus};
 
 /// How many fault events a slow subscriber may fall behind before it sees
 /// `RecvError::Lagged`. Fault events are rare; this is generous.
@@ -27,6 +29,16 @@ pub trait GpuTelemetry: Send + Sync + 'static {
     /// The processes running on each device now, with the memory they
     /// hold; empty where not known.
     fn processes(&self) -> Vec<GpuProcess>;
+
+    /// The MIG instances of the host's GPUs with their memory, read now
+    /// (an operator can re-partition a GPU while the agent runs); empty
+    /// where MIG is off or not supported.
+    fn mig_devices(&self) -> Vec<MigDevice>;
+
+    /// Whether CUDA MPS would serve a process on GPU `index` (NVML index;
+    /// a MIG instance's parent) that finds its control daemon in
+    /// `pipe_directory` (see [`crate::slice`]).
+    fn mps(&self, index: u32, pipe_directory: &Path) -> MpsStatus;
 
     /// A receiver of fault events from now on. It never reports `Closed`
     /// while the backend is alive.
