@@ -97,6 +97,7 @@ async fn metrics(axum::extract::State(s): axum::extract::State<AdminState>) -> i
         )],
         {
             s.metrics.record_gpus(&s.gpus.devices(), &s.gpus.sample());
+            s.metrics.record_mig(&s.gpus.mig_devices());
             let usage = crate::gpu::usage::per_worker(&*s.gpus, &*s.procs, &s.pool);
             let named: Vec<_> = s
                 .pool
@@ -128,6 +129,7 @@ impl AdminState {
     pub fn status(&self, full: bool) -> StatusResponse {
         let load = self.pool.load();
         let mut gpu_use = crate::gpu::usage::per_worker(&*self.gpus, &*self.procs, &self.pool);
+        let parents = crate::gpu::parents(&self.pool, &*self.gpus);
         let workers = self
             .pool
             .workers()
@@ -145,7 +147,25 @@ impl AdminState {
                     in_flight: in_flight as u64,
                     requests,
                     last_exit: snap.last_exit.clone().unwrap_or_default(),
-                    gpu: w.spec.gpu,
+                    gpu: parents.get(w.index).copied().flatten(),
+                    gpu_device: w
+                        .spec
+                        .gpu
+                        .as_ref()
+                        .map(|g| g.device.visible_devices())
+                        .unwrap_or_default(),
+                    mps_thread_percentage: w
+                        .spec
+                        .gpu
+                        .as_ref()
+                        .and_then(|g| g.mps.thread_percentage)
+                        .map_or(0, u32::from),
+                    mps_memory_limit_mib: w
+                        .spec
+                        .gpu
+                        .as_ref()
+                        .and_then(|g| g.mps.memory_limit_mib)
+                        .unwrap_or(0),
                     command: if full {
                         w.spec.command.clone()
                     } else {

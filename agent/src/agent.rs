@@ -112,6 +112,7 @@ fn open_gpu_telemetry(cfg: &AgentConfig) -> Arc<dyn GpuTelemetry> {
             tracing::info!(
                 backend = t.backend(),
                 devices = t.devices().len(),
+                mig_instances = t.mig_devices().len(),
                 "GPU telemetry"
             );
             t
@@ -288,6 +289,12 @@ impl Agent {
         let metrics = Arc::new(Metrics::new());
         let patterns = Arc::new(cfg.fault_patterns.clone());
         let gpus = open_gpu_telemetry(&cfg);
+        // A slice that is not there is said once; the worker starts anyway
+        // (the host may be fixed while the agent runs).
+        let pipe_dir = std::env::var(infermesh_gpu::slice::PIPE_DIRECTORY_ENV).ok();
+        for problem in gpu::slices::check(&cfg.workers, gpus.as_ref(), pipe_dir.as_deref()).errors {
+            tracing::error!("{problem}");
+        }
         let kernel_log: Arc<dyn KernelLog> = infermesh_gpu::open_kernel_log(gpus.backend());
         let procs: Arc<dyn crate::procfs::ProcTable> = Arc::new(crate::procfs::Procfs::default());
         let rdma = crate::rdma::open(cfg.rdma)

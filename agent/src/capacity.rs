@@ -208,10 +208,11 @@ pub fn host_factor(host: &HostSample) -> f64 {
 
 /// The agent's capacity task (`weight = "auto"`): every [`TICK`], reads the
 /// GPUs and the host and sets each worker's health factor. A worker
-/// pinned to a GPU (`gpu = N`) takes that GPU's factor; one that is not
-/// takes the mean over the host's GPUs.
+/// pinned to a GPU (`gpu = N`, a UUID, or a MIG instance of it) takes that
+/// GPU's factor; one that is not takes the mean over the host's GPUs.
 pub async fn run(gpus: Arc<dyn GpuTelemetry>, pool: Arc<Pool>) {
     let devices = gpus.devices();
+    let parents = crate::gpu::parents(&pool, gpus.as_ref());
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -237,9 +238,10 @@ pub async fn run(gpus: Arc<dyn GpuTelemetry>, pool: Arc<Pool>) {
             .workers()
             .iter()
             .map(|w| {
-                let gpu = w
-                    .spec
-                    .gpu
+                let gpu = parents
+                    .get(w.index)
+                    .copied()
+                    .flatten()
                     .and_then(|g| per_gpu.iter().find(|p| p.0 == g))
                     .map_or(any_gpu, |p| p.1);
                 gpu * host

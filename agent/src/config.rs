@@ -19,10 +19,12 @@ use serde::Deserialize;
 
 pub mod limits;
 pub mod shm;
+pub mod slice;
 pub mod stall;
 
 pub use limits::{Limits, RawLimits};
 pub use shm::{RawShm, ShmLimits};
+pub use slice::{GpuSlice, MpsShare, RawGpuRef, WorkerGpu};
 
 /// The config file as written (all fields optional; defaults filled in by
 /// [`AgentConfig::from_raw`]).
@@ -230,6 +232,10 @@ pub struct RawGpu {
     pub backend: Option<String>,
     /// Devices of the fake backend.
     pub fake_devices: Option<u32>,
+    /// MIG instances on each fake GPU, `MIG-fake-<gpu>-<instance>`.
+    pub fake_mig_devices: Option<u32>,
+    /// Whether the fake GPUs run MPS.
+    pub fake_mps: Option<bool>,
     /// Xid code → action (`restart_worker`, `quarantine_gpu`,
     /// `quarantine_above_rate`, `ignore`), overriding the built-in table.
     #[serde(default)]
@@ -259,8 +265,16 @@ pub struct RawWorker {
     /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// GPU index, exported as `CUDA_VISIBLE_DEVICES`.
-    pub gpu: Option<u32>,
+    /// GPU index (`0`), GPU UUID (`"GPU-…"`) or MIG instance UUID
+    /// (`"MIG-…"`), exported as `CUDA_VISIBLE_DEVICES`.
+    pub gpu: Option<RawGpuRef>,
+    /// CUDA MPS: percent of the GPU's SMs the worker may use
+    /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`); needs an MPS daemon.
+    pub mps_thread_percentage: Option<u32>,
+    /// CUDA MPS: device memory the worker may pin, e.g. `"8GiB"`
+    /// (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`); needs an MPS daemon. Both MPS
+    /// settings need `gpu`.
+    pub mps_memory_limit: Option<String>,
     /// Models the worker serves. Default: asked from the worker (RepositoryIndex).
     #[serde(default)]
     pub models: Vec<String>,
@@ -373,8 +387,8 @@ pub struct AgentConfig {
     pub fault_patterns: FaultPatterns,
     /// GPU telemetry backend.
     pub gpu_backend: Backend,
-    /// Devices of the fake backend.
-    pub fake_gpus: u32,
+    /// What the fake backend pretends the host has.
+    pub fake_gpus: infermesh_gpu::FakeSetup,
     /// Xid policy.
     pub xid_policy: XidPolicy,
     /// How long an unattributed application Xid holds workers suspect.
@@ -452,8 +466,8 @@ pub struct WorkerSpec {
     pub argv: Vec<String>,
     /// Extra environment.
     pub env: BTreeMap<String, String>,
-    /// GPU index for `CUDA_VISIBLE_DEVICES`.
-    pub gpu: Option<u32>,
+    /// The GPU or MIG instance (`CUDA_VISIBLE_DEVICES`) and its MPS share.
+    pub gpu: Option<GpuSlice>,
     /// Models, or empty to ask the worker.
     pub models: Vec<String>,
     /// Concurrent requests to this worker.
@@ -689,12 +703,20 @@ impl AgentConfig {
             }
             let stall =
                 stall::stall_window(&at, w.stall_window.as_deref(), w.stall_floor, &mut problems);
+            let gpu = slice::gpu_slice(
+                &at,
+                w.gpu,
+                w.mps_thread_percentage,
+                w.mps_memory_limit.as_deref(),
+                &w.env,
+                &mut problems,
+            );
             workers.push(WorkerSpec {
                 id,
                 command: w.command,
                 argv,
                 env: w.env,
-                gpu: w.gpu,
+                gpu,
                 models: w.models,
                 max_inflight,
                 startup_timeout: w.startup_timeout.unwrap_or(DEFAULT_STARTUP_TIMEOUT),
@@ -722,7 +744,11 @@ impl AgentConfig {
                 probe_timeout,
                 fault_patterns,
                 gpu_backend,
-                fake_gpus: raw.gpu.fake_devices.unwrap_or(2),
+                fake_gpus: infermesh_gpu::FakeSetup {
+                    devices: raw.gpu.fake_devices.unwrap_or(2),
+                    mig_per_device: raw.gpu.fake_mig_devices.unwrap_or(0),
+                    mps: raw.gpu.fake_mps.unwrap_or(false),
+                },
                 xid_policy,
                 suspect_window,
                 registry,

@@ -40,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::procfs::{self, ProcTable};
 
+pub mod slices;
 pub mod usage;
 
 /// Default time an unattributed application Xid holds its GPU's workers
@@ -73,6 +74,7 @@ pub async fn watch(w: GpuWatch, pool: Arc<Pool>, metrics: Arc<Metrics>) {
     let devices = w.gpus.devices();
     let mut correlator = XidCorrelator::default();
     let mut handler = Handler {
+        parents: parents(&pool, w.gpus.as_ref()),
         classifier: w.classifier,
         procs: w.procs,
         suspect_window: w.suspect_window,
@@ -132,7 +134,25 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// The NVML index of the GPU each worker (by index) is on: its own, or
+/// its MIG instance's parent. MIG instances are read once: re-partitioning
+/// a GPU needs its workers stopped.
+pub fn parents(pool: &Pool, gpus: &dyn GpuTelemetry) -> Vec<Option<u32>> {
+    let devices = gpus.devices();
+    let mig = if pool.workers().iter().any(|w| w.spec.gpu.is_some()) {
+        gpus.mig_devices()
+    } else {
+        Vec::new()
+    };
+    pool.workers()
+        .iter()
+        .map(|w| w.spec.gpu.as_ref()?.device.parent(&devices, &mig))
+        .collect()
+}
+
 struct Handler {
+    /// The GPU each worker is on ([`parents`]).
+    parents: Vec<Option<u32>>,
     classifier: XidClassifier,
     procs: Arc<dyn ProcTable>,
     suspect_window: Duration,
@@ -292,7 +312,7 @@ impl Handler {
         self.pool
             .workers()
             .iter()
-            .filter(|w| w.spec.gpu == Some(gpu))
+            .filter(|w| self.parents.get(w.index).copied().flatten() == Some(gpu))
             .map(|w| w.index)
             .collect()
     }

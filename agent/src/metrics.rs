@@ -20,6 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 mod gpu_use;
+mod mig;
 mod worker_limit;
 
 use crate::models::{ModelId, Models};
@@ -122,6 +123,7 @@ pub struct Metrics {
     workers_primed: OnceLock<()>,
     gpu: GpuGauges,
     gpu_use: gpu_use::GpuUseMetrics,
+    mig: mig::MigMetrics,
     worker_limit: worker_limit::WorkerLimitMetrics,
     host: HostGauges,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
@@ -255,6 +257,7 @@ impl Metrics {
         );
         let gpu = GpuGauges::register(&mut registry);
         let gpu_use = gpu_use::GpuUseMetrics::register(&mut registry);
+        let mig = mig::MigMetrics::register(&mut registry);
         let worker_limit = worker_limit::WorkerLimitMetrics::register(&mut registry);
         let host = HostGauges::register(&mut registry);
         let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
@@ -263,6 +266,7 @@ impl Metrics {
             workers_primed: OnceLock::new(),
             gpu,
             gpu_use,
+            mig,
             worker_limit,
             host,
             models: RwLock::new(Vec::new()),
@@ -411,6 +415,11 @@ impl Metrics {
                     .set(i64::from(s.throttle_reasons & bit != 0));
             }
         }
+    }
+
+    /// Records the MIG instances NVML lists now (at scrape time).
+    pub fn record_mig(&self, mig: &[infermesh_gpu::MigDevice]) {
+        self.mig.record(mig);
     }
 
     /// Creates every worker's exits, restarts and faults series at zero.
@@ -662,9 +671,14 @@ mod tests {
                 processes: 1,
             }],
         )]);
-        let fake = infermesh_gpu::FakeTelemetry::new(1);
+        let fake = infermesh_gpu::FakeTelemetry::from_setup(infermesh_gpu::FakeSetup {
+            devices: 1,
+            mig_per_device: 1,
+            mps: false,
+        });
         use infermesh_gpu::GpuTelemetry as _;
         metrics.record_gpus(&fake.devices(), &fake.sample());
+        metrics.record_mig(&fake.mig_devices());
         metrics.worker_limit.record(
             "w0",
             &crate::pool::WorkerLimit {
@@ -757,6 +771,36 @@ mod tests {
         let text = metrics.render(&pool);
         assert!(text.contains(r#"infermesh_node_state{state="draining"} 1"#));
         assert!(text.contains(r#"infermesh_node_state{state="serving"} 0"#));
+    }
+
+    /// MIG instances get a series each, labelled with the parent GPU, and
+    /// lose it when the GPU is re-partitioned.
+    #[test]
+    fn mig_instances_from_telemetry() {
+        use infermesh_gpu::GpuTelemetry as _;
+        let metrics = Metrics::new();
+        let fake = infermesh_gpu::FakeTelemetry::from_setup(infermesh_gpu::FakeSetup {
+            devices: 1,
+            mig_per_device: 2,
+            mps: false,
+        });
+        metrics.record_mig(&fake.mig_devices());
+        let text = metrics.render(&crate::testing::idle_pool());
+        let half = (80u64 << 30) / 2;
+        for i in 0..2 {
+            let labels = format!(r#"{{gpu="0",uuid="MIG-fake-0-{i}"}}"#);
+            assert!(text.contains(&format!("infermesh_gpu_mig_memory_used_bytes{labels} 0\n")));
+            assert!(text.contains(&format!(
+                "infermesh_gpu_mig_memory_total_bytes{labels} {half}\n"
+            )));
+        }
+        fake.set_mig_devices(Vec::new());
+        metrics.record_mig(&fake.mig_devices());
+        let text = metrics.render(&crate::testing::idle_pool());
+        assert!(
+            !text.contains("infermesh_gpu_mig_memory_used_bytes{"),
+            "{text}"
+        );
     }
 
     /// GPU readings carry the index and UUID (the fake backend's here);

@@ -2,7 +2,9 @@
 //!
 //! - a free loopback port is picked and substituted for `{port}` in the
 //!   command line, and exported as `INFERMESH_WORKER_PORT`;
-//! - `CUDA_VISIBLE_DEVICES` is set when the worker has a GPU;
+//! - `CUDA_VISIBLE_DEVICES` is set when the worker has a GPU (an index, a
+//!   GPU UUID or a MIG instance UUID), and the CUDA MPS variables when it
+//!   has a share of one ([`crate::config::slice`]);
 //! - the worker runs in its own process group, so a terminal's Ctrl-C reaches
 //!   only the agent (which then drains before stopping workers), and a stop
 //!   signal reaches the worker's own children too;
@@ -164,8 +166,8 @@ pub fn spawn(spec: &WorkerSpec, shim: Option<&Path>, output: OutputSink) -> io::
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(shim.is_none());
-    if let Some(gpu) = spec.gpu {
-        cmd.env("CUDA_VISIBLE_DEVICES", gpu.to_string());
+    if let Some(gpu) = &spec.gpu {
+        cmd.envs(gpu.env());
     }
     let mut child = cmd.spawn()?;
     let pid = child.id().unwrap_or_default();

@@ -234,23 +234,25 @@ where
     }
 }
 
+/// A worker spec `id` running `x`, no GPU, one request at once.
+pub fn spec(id: &str) -> WorkerSpec {
+    WorkerSpec {
+        id: id.into(),
+        command: "x".into(),
+        argv: vec!["x".into()],
+        env: Default::default(),
+        gpu: None,
+        models: vec![],
+        max_inflight: 1,
+        startup_timeout: std::time::Duration::from_secs(1),
+        stop_grace: std::time::Duration::from_secs(1),
+        stall: Default::default(),
+    }
+}
+
 /// A pool over one worker `w0` with no process (never started): for tests
 /// of what reads the pool (metrics, health) without supervising anything.
 pub fn idle_pool() -> Arc<crate::pool::Pool> {
-    let (worker, _driver) = crate::state::Worker::new(
-        WorkerSpec {
-            id: "w0".into(),
-            command: "x".into(),
-            argv: vec!["x".into()],
-            env: Default::default(),
-            gpu: None,
-            models: vec![],
-            max_inflight: 1,
-            startup_timeout: std::time::Duration::from_secs(1),
-            stop_grace: std::time::Duration::from_secs(1),
-            stall: Default::default(),
-        },
-        0,
-    );
+    let (worker, _driver) = crate::state::Worker::new(spec("w0"), 0);
     crate::pool::Pool::new(vec![worker], 1.0, 1)
 }

@@ -86,9 +86,10 @@ pub struct AgentArgs {
     workers: Vec<String>,
     /// Check the configuration without starting anything: parse it, look up
     /// every worker program as the agent does (PATH, then next to this
-    /// binary), and try to bind the listen addresses. Prints every
-    /// problem found; exits 0 if none, 78 for a bad config or a missing
-    /// program, 69 when a listen address is taken.
+    /// binary), check each worker's GPU, MIG instance and MPS share against
+    /// the GPU backend, and try to bind the listen addresses. Prints every
+    /// problem found; exits 0 if none, 78 for a bad config, a missing
+    /// program or GPU slice, 69 when a listen address is taken.
     #[arg(long)]
     check_config: bool,
     /// Export OpenTelemetry traces over OTLP/gRPC to this collector, e.g.
@@ -124,6 +125,24 @@ fn check_config(cfg: &AgentConfig) -> i32 {
                 w.id
             ));
         }
+    }
+    // The GPU slices workers are pinned to, asked of the configured backend.
+    if cfg.workers.iter().any(|w| w.gpu.is_some()) {
+        let gpus = match infermesh_gpu::open(cfg.gpu_backend, cfg.fake_gpus) {
+            Ok(gpus) => gpus,
+            Err(e) => {
+                warnings.push(format!(
+                    "gpu.backend {}: {e}; GPU slices checked without telemetry",
+                    cfg.gpu_backend
+                ));
+                std::sync::Arc::new(infermesh_gpu::NoTelemetry)
+            }
+        };
+        let pipe_dir = std::env::var(infermesh_gpu::slice::PIPE_DIRECTORY_ENV).ok();
+        let found =
+            infermesh_agent::gpu::slices::check(&cfg.workers, gpus.as_ref(), pipe_dir.as_deref());
+        config_problems.extend(found.errors);
+        warnings.extend(found.notes);
     }
     let mut taken = Vec::new();
     for (what, addr) in [("listen", cfg.listen), ("admin_listen", cfg.admin_listen)] {

@@ -459,7 +459,17 @@ fn workers_fit_the_gpus_the_pod_holds() {
     }
     let cfg = agent_config(&docs);
     for w in &cfg.workers {
-        let gpu = w.gpu.expect("every worker on a GPU node has a gpu") as u64;
+        let slice = w
+            .gpu
+            .as_ref()
+            .expect("every worker on a GPU node has a gpu");
+        let infermesh_agent::config::WorkerGpu::Index(gpu) = slice.device else {
+            panic!(
+                "worker {}: the DaemonSet's workers are pinned by index",
+                w.id
+            );
+        };
+        let gpu = u64::from(gpu);
         assert!(
             gpu < gpus,
             "worker {} uses GPU {gpu}; the pod holds {gpus}",

@@ -40,7 +40,9 @@ fn spec(id: &str) -> WorkerSpec {
         command: "fake".into(),
         argv: vec!["fake".into()],
         env: Default::default(),
-        gpu: Some(0),
+        gpu: Some(crate::config::GpuSlice::whole(
+            crate::config::WorkerGpu::Index(0),
+        )),
         models: vec!["dense".into()],
         max_inflight: 4,
         startup_timeout: Duration::from_secs(30),
@@ -61,15 +63,20 @@ fn child_of(root: u32) -> u32 {
     root * 10 + 7
 }
 
-/// Workers g0 and g1 on GPU 0, ready, with a process table where each runs
+/// Workers g0 and g1 on GPU 0 (g0 on the whole GPU by index, g1 on one of
+/// its two MIG instances), ready, with a process table where each runs
 /// python (with a thread and a child) under its root, beside a stranger's
 /// python (pid 4242).
 async fn node() -> Node {
     let launcher = FakeLauncher::new(WorkerOptions::default());
-    let (workers, drivers): (Vec<_>, Vec<_>) = ["g0", "g1"]
+    let mut on_mig = spec("g1");
+    on_mig.gpu = Some(crate::config::GpuSlice::whole(
+        crate::config::WorkerGpu::Mig("MIG-fake-0-1".into()),
+    ));
+    let (workers, drivers): (Vec<_>, Vec<_>) = [spec("g0"), on_mig]
         .into_iter()
         .enumerate()
-        .map(|(i, id)| Worker::new(spec(id), i))
+        .map(|(i, spec)| Worker::new(spec, i))
         .unzip();
     let pool = Pool::new(workers, 1.0, 8);
     let metrics = Arc::new(Metrics::new());
@@ -122,7 +129,11 @@ async fn node() -> Node {
             }
         });
     }
-    let gpus = Arc::new(FakeTelemetry::new(1));
+    let gpus = Arc::new(FakeTelemetry::from_setup(infermesh_gpu::FakeSetup {
+        devices: 1,
+        mig_per_device: 2,
+        mps: false,
+    }));
     let kernel = Arc::new(FakeKernelLog::new());
     let procs = Arc::new(table);
     let watching = GpuWatch {

@@ -27,7 +27,9 @@ fn spec(stop_grace: Duration, startup_timeout: Duration) -> WorkerSpec {
         command: "fake".into(),
         argv: vec!["fake".into()],
         env: Default::default(),
-        gpu: Some(0),
+        gpu: Some(crate::config::GpuSlice::whole(
+            crate::config::WorkerGpu::Index(0),
+        )),
         models: vec!["dense".into()],
         max_inflight: 4,
         startup_timeout,

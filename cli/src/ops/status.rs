@@ -162,6 +162,9 @@ pub fn to_json(s: &StatusResponse) -> serde_json::Value {
             "models": w.models, "inflight": w.in_flight, "requests": w.requests,
             "routable": w.routable, "restarts": w.restarts, "last_fault": w.last_fault,
             "last_exit": w.last_exit, "gpu": w.gpu, "command": w.command,
+            "gpu_device": w.gpu_device,
+            "mps_thread_percentage": (w.mps_thread_percentage > 0).then_some(w.mps_thread_percentage),
+            "mps_memory_limit_mib": (w.mps_memory_limit_mib > 0).then_some(w.mps_memory_limit_mib),
             "startup_ms": w.startup_ms, "last_output": w.last_output,
             "gpu_use": w.gpu_use.iter().map(|u| json!({
                 "gpu": u.gpu, "memory_bytes": u.memory_bytes,
@@ -207,6 +210,34 @@ fn print_status(s: &StatusResponse) {
                 &w.last_fault
             }
         );
+    }
+    let pinned: Vec<_> = s
+        .workers
+        .iter()
+        .filter(|w| !w.gpu_device.is_empty())
+        .collect();
+    if !pinned.is_empty() {
+        println!("GPU slices:");
+        for w in pinned {
+            let mut share = Vec::new();
+            if w.mps_thread_percentage > 0 {
+                share.push(format!("MPS {}% of SMs", w.mps_thread_percentage));
+            }
+            if w.mps_memory_limit_mib > 0 {
+                share.push(format!("MPS memory {} MiB", w.mps_memory_limit_mib));
+            }
+            println!(
+                "  {:<12} CUDA_VISIBLE_DEVICES={}{}{}",
+                w.id,
+                w.gpu_device,
+                w.gpu.map_or(String::new(), |g| format!(" (on GPU {g})")),
+                if share.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", share.join(", "))
+                }
+            );
+        }
     }
     let checks: Vec<_> = s.workers.iter().flat_map(|w| w.health.iter()).collect();
     if !checks.is_empty() {
