@@ -129,7 +129,10 @@ impl AdminState {
     pub fn status(&self, full: bool) -> StatusResponse {
         let load = self.pool.load();
         let mut gpu_use = crate::gpu::usage::per_worker(&*self.gpus, &*self.procs, &self.pool);
-        let parents = crate::gpu::parents(&self.pool, &*self.gpus);
+        let parents = crate::config::slice::parents(
+            self.pool.workers().iter().map(|w| w.spec.gpu.as_ref()),
+            &*self.gpus,
+        );
         let workers = self
             .pool
             .workers()

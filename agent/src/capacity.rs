@@ -212,7 +212,10 @@ pub fn host_factor(host: &HostSample) -> f64 {
 /// GPU's factor; one that is not takes the mean over the host's GPUs.
 pub async fn run(gpus: Arc<dyn GpuTelemetry>, pool: Arc<Pool>) {
     let devices = gpus.devices();
-    let parents = crate::gpu::parents(&pool, gpus.as_ref());
+    let parents = crate::config::slice::parents(
+        pool.workers().iter().map(|w| w.spec.gpu.as_ref()),
+        gpus.as_ref(),
+    );
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -74,7 +74,10 @@ pub async fn watch(w: GpuWatch, pool: Arc<Pool>, metrics: Arc<Metrics>) {
     let devices = w.gpus.devices();
     let mut correlator = XidCorrelator::default();
     let mut handler = Handler {
-        parents: parents(&pool, w.gpus.as_ref()),
+        parents: crate::config::slice::parents(
+            pool.workers().iter().map(|w| w.spec.gpu.as_ref()),
+            w.gpus.as_ref(),
+        ),
         classifier: w.classifier,
         procs: w.procs,
         suspect_window: w.suspect_window,
@@ -134,24 +137,8 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The NVML index of the GPU each worker (by index) is on: its own, or
-/// its MIG instance's parent. MIG instances are read once: re-partitioning
-/// a GPU needs its workers stopped.
-pub fn parents(pool: &Pool, gpus: &dyn GpuTelemetry) -> Vec<Option<u32>> {
-    let devices = gpus.devices();
-    let mig = if pool.workers().iter().any(|w| w.spec.gpu.is_some()) {
-        gpus.mig_devices()
-    } else {
-        Vec::new()
-    };
-    pool.workers()
-        .iter()
-        .map(|w| w.spec.gpu.as_ref()?.device.parent(&devices, &mig))
-        .collect()
-}
-
 struct Handler {
-    /// The GPU each worker is on ([`parents`]).
+    /// The GPU each worker is on ([`crate::config::slice::parents`]).
     parents: Vec<Option<u32>>,
     classifier: XidClassifier,
     procs: Arc<dyn ProcTable>,

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use infermesh_gpu::{GpuDevice, MigDevice};
+use infermesh_gpu::{GpuDevice, GpuTelemetry, MigDevice};
 use serde::Deserialize;
 
 /// `CUDA_VISIBLE_DEVICES`.
@@ -84,6 +84,28 @@ impl WorkerGpu {
             }
         }
     }
+}
+
+/// The NVML index of the GPU each of `slices` (one per worker, in order)
+/// is on: its own, or its MIG instance's parent; `None` for CPU workers
+/// and devices the backend does not list. MIG instances are read once, so
+/// callers resolve at start (re-partitioning a GPU needs its workers
+/// stopped).
+pub fn parents<'a>(
+    slices: impl IntoIterator<Item = Option<&'a GpuSlice>>,
+    gpus: &dyn GpuTelemetry,
+) -> Vec<Option<u32>> {
+    let slices: Vec<_> = slices.into_iter().collect();
+    let devices = gpus.devices();
+    let mig = if slices.iter().any(Option::is_some) {
+        gpus.mig_devices()
+    } else {
+        Vec::new()
+    };
+    slices
+        .into_iter()
+        .map(|s| s?.device.parent(&devices, &mig))
+        .collect()
 }
 
 fn unique<T>(mut it: impl Iterator<Item = T>) -> Option<T> {
