@@ -493,7 +493,6 @@ const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// clients (a ZooKeeper watch fires in milliseconds; a client's record
 /// cache and its in-flight picks settle within a second).
 pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(2);
-const DEFAULT_FAULT_KILL_GRACE: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
@@ -843,7 +842,7 @@ fn sentinel_config(raw: &RawSentinel, problems: &mut Vec<String>) -> SentinelCon
         error_burst: raw.error_burst.unwrap_or(d.error_burst),
         error_window: raw.error_window.unwrap_or(d.error_window),
         probe_failure_threshold: raw.probe_failures.unwrap_or(d.probe_failure_threshold),
-        kill_grace: raw.kill_grace.unwrap_or(DEFAULT_FAULT_KILL_GRACE),
+        kill_grace: raw.kill_grace.unwrap_or(d.kill_grace),
         ..d
     };
     if cfg.backoff_cap < cfg.backoff_base {

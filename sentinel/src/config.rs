@@ -4,6 +4,12 @@ use std::time::Duration;
 
 use crate::StallWindow;
 
+/// Default time between SIGTERM and SIGKILL for a faulted worker: a
+/// faulted worker has nothing to finish and a hung one ignores SIGTERM, so
+/// a second is enough (the agent's `sentinel.kill_grace` default; shutting
+/// a healthy worker down is the agent's `stop_grace`).
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(1);
+
 /// Thresholds and timings of a [`Sentinel`](crate::Sentinel).
 ///
 /// Thresholds of zero behave like one: the first failure is a fault.
@@ -44,7 +50,7 @@ impl Default for SentinelConfig {
             backoff_cap: Duration::from_secs(60),
             stable_period: Duration::from_secs(60),
             startup_timeout: Duration::from_secs(120),
-            kill_grace: Duration::from_secs(10),
+            kill_grace: DEFAULT_KILL_GRACE,
             error_burst: 5,
             error_window: Duration::from_secs(10),
             health_failure_threshold: 3,

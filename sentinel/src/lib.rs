@@ -62,7 +62,7 @@ mod reason;
 pub mod stall;
 mod state;
 
-pub use config::SentinelConfig;
+pub use config::{DEFAULT_KILL_GRACE, SentinelConfig};
 pub use event::{Action, Event, GpuFaultSeverity, Notice};
 pub use machine::Sentinel;
 pub use patterns::{FaultPatterns, PatternError};

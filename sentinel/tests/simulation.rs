@@ -46,7 +46,9 @@ fn crash(sim: &mut Sim, patterns: &FaultPatterns) -> Duration {
         line: line.to_string(),
     });
     assert!(!sim.sentinel.routable());
-    assert!(actions.contains(&Action::Kill { grace: 10 * SEC }));
+    assert!(actions.contains(&Action::Kill {
+        grace: infermesh_sentinel::DEFAULT_KILL_GRACE
+    }));
     assert!(!actions.contains(&Action::Spawn), "spawned before the exit");
 
     sim.advance(SHUTDOWN);

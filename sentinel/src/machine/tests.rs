@@ -107,7 +107,9 @@ fn fault_reason(actions: &[Action]) -> Option<FaultReason> {
 }
 
 fn kill() -> Action {
-    Action::Kill { grace: 10 * SEC }
+    Action::Kill {
+        grace: crate::DEFAULT_KILL_GRACE,
+    }
 }
 
 #[test]
