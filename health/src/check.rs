@@ -37,6 +37,49 @@ pub trait HealthCheck: Send + Sync + std::fmt::Debug {
     fn check<'a>(&'a self, client: Client) -> CheckFuture<'a>;
 }
 
+/// A check's verdicts: labelled with its name and model.
+impl Verdict {
+    /// A passing verdict for `check`.
+    pub fn pass<C>(check: &C, reason: impl Into<String>, latency: Duration) -> Self
+    where
+        C: HealthCheck + ?Sized,
+    {
+        Self::new(check, true, reason.into(), latency)
+    }
+
+    /// A failing verdict for `check`.
+    pub fn fail<C>(check: &C, reason: impl Into<String>, latency: Duration) -> Self
+    where
+        C: HealthCheck + ?Sized,
+    {
+        Self::new(check, false, reason.into(), latency)
+    }
+
+    /// A verdict that passes iff `result` is `Ok`, with its note or reason.
+    pub fn from_result<C>(check: &C, result: Result<String, String>, latency: Duration) -> Self
+    where
+        C: HealthCheck + ?Sized,
+    {
+        match result {
+            Ok(note) => Self::pass(check, note, latency),
+            Err(reason) => Self::fail(check, reason, latency),
+        }
+    }
+
+    fn new<C>(check: &C, pass: bool, reason: String, latency: Duration) -> Self
+    where
+        C: HealthCheck + ?Sized,
+    {
+        Self {
+            check: check.name().to_string(),
+            model: check.model().to_string(),
+            pass,
+            reason,
+            latency,
+        }
+    }
+}
+
 /// Runs `check` against `client` with a deadline. A timeout, a transport
 /// error or a panicking plugin is a failed verdict: this never panics and
 /// returns within `timeout` (plus the time to drop the check's future).

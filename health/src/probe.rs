@@ -48,11 +48,6 @@ impl Probe {
         }
     }
 
-    /// The configured request, if any.
-    pub fn request(&self) -> Option<&ProbeRequest> {
-        self.request.as_deref()
-    }
-
     /// Sends the probe through `client`.
     pub async fn run(&self, client: &mut Client) -> Exchange {
         let request = match &self.request {

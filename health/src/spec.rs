@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::allclose::Tolerance;
-use crate::checks::{Bounds, Exec, Finite, Golden, Latency, Live, Range, Ready};
+use crate::checks::{Bounds, Exec, Finite, Golden, Latency, Live, Probed, Range, Ready};
 use crate::probe::Probe;
 use crate::request::ProbeRequest;
 use crate::{HealthCheck, HealthError};
@@ -234,17 +234,20 @@ pub fn build(spec: &CheckSpec, base_dir: &Path) -> Result<Box<dyn HealthCheck>, 
                 atol: *atol,
                 rtol: *rtol,
             };
-            Box::new(Golden::new(label.clone(), model, request, tolerance).map_err(invalid)?)
+            let golden = Golden::new(&request, tolerance).map_err(invalid)?;
+            let probe = Probe::new(model, Some(request));
+            Box::new(Probed::new(label.clone(), model, probe, golden))
         }
         CheckSpec::Finite {
             model,
             request,
             input,
             ..
-        } => Box::new(Finite::new(
+        } => Box::new(Probed::new(
             label.clone(),
             model,
             probe(model, request, input)?,
+            Finite,
         )),
         CheckSpec::Range {
             model,
@@ -265,7 +268,8 @@ pub fn build(spec: &CheckSpec, base_dir: &Path) -> Result<Box<dyn HealthCheck>, 
                 output: output.clone(),
             };
             let probe = probe(model, request, input)?;
-            Box::new(Range::new(label.clone(), model, probe, bounds).map_err(invalid)?)
+            let range = Range::new(bounds).map_err(invalid)?;
+            Box::new(Probed::new(label.clone(), model, probe, range))
         }
         CheckSpec::Latency {
             model,
@@ -273,11 +277,11 @@ pub fn build(spec: &CheckSpec, base_dir: &Path) -> Result<Box<dyn HealthCheck>, 
             input,
             max,
             ..
-        } => Box::new(Latency::new(
+        } => Box::new(Probed::new(
             label.clone(),
             model,
             probe(model, request, input)?,
-            *max,
+            Latency { max: *max },
         )),
         CheckSpec::Exec {
             model,

@@ -3,9 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::HealthCheck;
-
-/// What one run of a [`HealthCheck`] found.
+/// What one run of a [`HealthCheck`](crate::HealthCheck) found (made by
+/// the check: `Verdict::pass`, `Verdict::fail`, `Verdict::from_result`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     /// The check's label: its kind (`"golden"`, `"exec"`, ...) or the
@@ -20,48 +19,6 @@ pub struct Verdict {
     pub reason: String,
     /// How long the probe request took (the whole check when it timed out).
     pub latency: Duration,
-}
-
-impl Verdict {
-    /// A passing verdict for `check`.
-    pub fn pass<C>(check: &C, reason: impl Into<String>, latency: Duration) -> Self
-    where
-        C: HealthCheck + ?Sized,
-    {
-        Self::new(check, true, reason.into(), latency)
-    }
-
-    /// A failing verdict for `check`.
-    pub fn fail<C>(check: &C, reason: impl Into<String>, latency: Duration) -> Self
-    where
-        C: HealthCheck + ?Sized,
-    {
-        Self::new(check, false, reason.into(), latency)
-    }
-
-    /// A verdict that passes iff `result` is `Ok`, with its note or reason.
-    pub fn from_result<C>(check: &C, result: Result<String, String>, latency: Duration) -> Self
-    where
-        C: HealthCheck + ?Sized,
-    {
-        match result {
-            Ok(note) => Self::pass(check, note, latency),
-            Err(reason) => Self::fail(check, reason, latency),
-        }
-    }
-
-    fn new<C>(check: &C, pass: bool, reason: String, latency: Duration) -> Self
-    where
-        C: HealthCheck + ?Sized,
-    {
-        Self {
-            check: check.name().to_string(),
-            model: check.model().to_string(),
-            pass,
-            reason,
-            latency,
-        }
-    }
 }
 
 impl fmt::Display for Verdict {

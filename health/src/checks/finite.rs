@@ -2,46 +2,20 @@
 //! symptom of a GPU producing garbage (a bad kernel, overflowing FP16
 //! activations, corrupted memory) while the server stays up.
 
-use crate::probe::Probe;
+use std::time::Duration;
+
 use crate::tensor::Tensor;
-use crate::{CheckFuture, Client, HealthCheck, Verdict};
 
 use super::count;
+use super::probed::Judge;
 
-/// Checks every output value is finite.
+/// Judges every output value finite.
 #[derive(Debug)]
-pub(crate) struct Finite {
-    label: String,
-    model: String,
-    probe: Probe,
-}
+pub(crate) struct Finite;
 
-impl Finite {
-    /// A finite check sending `probe`.
-    pub fn new(label: String, model: &str, probe: Probe) -> Self {
-        Self {
-            label,
-            model: model.to_string(),
-            probe,
-        }
-    }
-}
-
-impl HealthCheck for Finite {
-    fn name(&self) -> &str {
-        &self.label
-    }
-
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn check<'a>(&'a self, mut client: Client) -> CheckFuture<'a> {
-        Box::pin(async move {
-            let exchange = self.probe.run(&mut client).await;
-            let result = exchange.outputs.and_then(|outputs| judge(&outputs));
-            Verdict::from_result(self, result, exchange.latency)
-        })
+impl Judge for Finite {
+    fn judge(&self, outputs: &[Tensor], _latency: Duration) -> Result<String, String> {
+        judge(outputs)
     }
 }
 

@@ -3,32 +3,26 @@
 //! `allclose.rs`). Catches a worker that answers quickly and confidently but
 //! wrongly: corrupted weights, a bad kernel, a wrong model version.
 
+use std::time::Duration;
+
 use crate::allclose::Tolerance;
-use crate::probe::Probe;
 use crate::request::ProbeRequest;
 use crate::tensor::Tensor;
-use crate::{CheckFuture, Client, HealthCheck, Verdict};
 
+use super::probed::Judge;
 use super::{count, names};
 
-/// Compares a model's outputs with expected values.
+/// Judges a model's outputs against the expected values of its request.
 #[derive(Debug)]
 pub(crate) struct Golden {
-    label: String,
-    model: String,
-    probe: Probe,
+    expected: Vec<Tensor>,
     tolerance: Tolerance,
 }
 
 impl Golden {
-    /// A golden check sending `request`, whose `expected` outputs must be
+    /// A judge of answers to `request`, whose `expected` outputs must be
     /// given; tolerances must be finite and non-negative.
-    pub fn new(
-        label: String,
-        model: &str,
-        request: ProbeRequest,
-        tolerance: Tolerance,
-    ) -> Result<Self, String> {
+    pub fn new(request: &ProbeRequest, tolerance: Tolerance) -> Result<Self, String> {
         for (option, v) in [("atol", tolerance.atol), ("rtol", tolerance.rtol)] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{option} must be a finite number >= 0, not {v}"));
@@ -38,32 +32,15 @@ impl Golden {
             return Err("the request file has no expected `outputs` to compare with".to_string());
         }
         Ok(Self {
-            label,
-            model: model.to_string(),
-            probe: Probe::new(model, Some(request)),
+            expected: request.expected.clone(),
             tolerance,
         })
     }
 }
 
-impl HealthCheck for Golden {
-    fn name(&self) -> &str {
-        &self.label
-    }
-
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn check<'a>(&'a self, mut client: Client) -> CheckFuture<'a> {
-        Box::pin(async move {
-            let exchange = self.probe.run(&mut client).await;
-            let expected = self.probe.request().map_or(&[][..], |r| &r.expected);
-            let result = exchange
-                .outputs
-                .and_then(|got| judge(expected, &got, self.tolerance));
-            Verdict::from_result(self, result, exchange.latency)
-        })
+impl Judge for Golden {
+    fn judge(&self, outputs: &[Tensor], _latency: Duration) -> Result<String, String> {
+        judge(&self.expected, outputs, self.tolerance)
     }
 }
 
@@ -171,7 +148,7 @@ mod tests {
     fn new_requires_expected_outputs_and_sane_tolerances() {
         let input = t("X", vec![1], vec![1.0]);
         let bare = ProbeRequest::new(vec![input.clone()], Default::default(), vec![]).unwrap();
-        assert!(Golden::new("golden".into(), "m", bare, TOL).is_err());
+        assert!(Golden::new(&bare, TOL).is_err());
         let with = ProbeRequest::new(
             vec![input],
             Default::default(),
@@ -182,20 +159,12 @@ mod tests {
             atol: -1.0,
             rtol: 0.0,
         };
-        assert!(
-            Golden::new("golden".into(), "m", with.clone(), negative)
-                .unwrap_err()
-                .contains("atol")
-        );
+        assert!(Golden::new(&with, negative).unwrap_err().contains("atol"));
         let nan = Tolerance {
             atol: 0.0,
             rtol: f64::NAN,
         };
-        assert!(
-            Golden::new("golden".into(), "m", with.clone(), nan)
-                .unwrap_err()
-                .contains("rtol")
-        );
-        assert!(Golden::new("golden".into(), "m", with, TOL).is_ok());
+        assert!(Golden::new(&with, nan).unwrap_err().contains("rtol"));
+        assert!(Golden::new(&with, TOL).is_ok());
     }
 }

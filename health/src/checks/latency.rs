@@ -4,47 +4,20 @@
 
 use std::time::Duration;
 
-use crate::probe::Probe;
-use crate::{CheckFuture, Client, HealthCheck, Verdict};
+use crate::tensor::Tensor;
 
-/// Checks the probe's latency is at most `max`.
+use super::probed::Judge;
+
+/// Judges the probe's latency: at most `max`.
 #[derive(Debug)]
 pub(crate) struct Latency {
-    label: String,
-    model: String,
-    probe: Probe,
-    max: Duration,
+    /// The limit, inclusive.
+    pub max: Duration,
 }
 
-impl Latency {
-    /// A latency check sending `probe`, passing up to `max`.
-    pub fn new(label: String, model: &str, probe: Probe, max: Duration) -> Self {
-        Self {
-            label,
-            model: model.to_string(),
-            probe,
-            max,
-        }
-    }
-}
-
-impl HealthCheck for Latency {
-    fn name(&self) -> &str {
-        &self.label
-    }
-
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn check<'a>(&'a self, mut client: Client) -> CheckFuture<'a> {
-        Box::pin(async move {
-            let exchange = self.probe.run(&mut client).await;
-            let result = exchange
-                .outputs
-                .and_then(|_| judge(exchange.latency, self.max));
-            Verdict::from_result(self, result, exchange.latency)
-        })
+impl Judge for Latency {
+    fn judge(&self, _outputs: &[Tensor], latency: Duration) -> Result<String, String> {
+        judge(latency, self.max)
     }
 }
 

@@ -3,10 +3,11 @@
 //! classifier's probabilities sum to 1. Checks plausibility when exact
 //! expected values are unknown.
 
-use crate::probe::Probe;
-use crate::tensor::Tensor;
-use crate::{CheckFuture, Client, HealthCheck, Verdict};
+use std::time::Duration;
 
+use crate::tensor::Tensor;
+
+use super::probed::Judge;
 use super::{count, names};
 
 /// What a range check accepts.
@@ -24,19 +25,16 @@ pub(crate) struct Bounds {
     pub output: Option<String>,
 }
 
-/// Checks output values against [`Bounds`].
+/// Judges output values against [`Bounds`].
 #[derive(Debug)]
 pub(crate) struct Range {
-    label: String,
-    model: String,
-    probe: Probe,
     bounds: Bounds,
 }
 
 impl Range {
     /// A range check; `bounds` needs at least one of min, max and sum_to,
     /// with `min <= max` and finite numbers.
-    pub fn new(label: String, model: &str, probe: Probe, bounds: Bounds) -> Result<Self, String> {
+    pub fn new(bounds: Bounds) -> Result<Self, String> {
         if bounds.min.is_none() && bounds.max.is_none() && bounds.sum_to.is_none() {
             return Err("give at least one of min, max and sum_to".to_string());
         }
@@ -62,32 +60,13 @@ impl Range {
         if bounds.output.as_deref() == Some("") {
             return Err("output must not be empty".to_string());
         }
-        Ok(Self {
-            label,
-            model: model.to_string(),
-            probe,
-            bounds,
-        })
+        Ok(Self { bounds })
     }
 }
 
-impl HealthCheck for Range {
-    fn name(&self) -> &str {
-        &self.label
-    }
-
-    fn model(&self) -> &str {
-        &self.model
-    }
-
-    fn check<'a>(&'a self, mut client: Client) -> CheckFuture<'a> {
-        Box::pin(async move {
-            let exchange = self.probe.run(&mut client).await;
-            let result = exchange
-                .outputs
-                .and_then(|outputs| judge(&self.bounds, &outputs));
-            Verdict::from_result(self, result, exchange.latency)
-        })
+impl Judge for Range {
+    fn judge(&self, outputs: &[Tensor], _latency: Duration) -> Result<String, String> {
+        judge(&self.bounds, outputs)
     }
 }
 
@@ -214,8 +193,7 @@ mod tests {
 
     #[test]
     fn new_validates_the_bounds() {
-        let probe = || Probe::new("m", None);
-        let new = |b| Range::new("range".into(), "m", probe(), b);
+        let new = Range::new;
         assert!(new(bounds(None, None, None)).is_err());
         assert!(
             new(bounds(Some(1.0), Some(0.0), None))
