@@ -13,8 +13,12 @@
 //! go back unchanged; only the trailers are touched: the load report is
 //! added, and an internal error that names a GPU fault is turned into
 //! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
-//! sentinel. The permit is freed when the worker's trailers arrive, not when
-//! the caller has read them.
+//! sentinel. The worker permit is freed when the answer's trailers are read
+//! off the worker's connection: at once for an answer that fits in the
+//! caller's flow-control windows plus the stream's send buffer
+//! (`stream_send_buffer`, 4 MiB; see `server::connection::pipe`), otherwise
+//! only as the caller reads — a caller that stops reading a larger answer
+//! holds its worker's permit until the send timeout resets the stream.
 //!
 //! Requests with shared-memory or RDMA parameters need their tensors
 //! rewritten; they go through [`Front::infer_decoded`] instead, and so do

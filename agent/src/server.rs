@@ -105,8 +105,10 @@ pub struct Shutdown {
 }
 
 /// Serves `listener` until `shutdown.graceful` fires and its connections
-/// are done (or `shutdown.hard` fires). Connection and stream tasks are
-/// spawned on `tasks`. With `tls`, every connection is TLS (ALPN `h2`): the
+/// are done (or `shutdown.hard` fires). Connection tasks are spawned on
+/// `tasks`; a connection runs its requests inside its own task, and those
+/// past the first 32 at once on tasks of their own that it waits for
+/// (`connection::INLINE_REQUESTS`). With `tls`, every connection is TLS (ALPN `h2`): the
 /// handshake runs in the connection's task within `handshake_timeout`.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(

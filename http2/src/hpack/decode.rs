@@ -7,8 +7,11 @@
 //! request). Here the code is decoded bit by bit from its canonical form
 //! (lengths only, tables built once), strings that are not Huffman-coded
 //! are handed over as slices of the block, and decoded ones go through two
-//! buffers kept by the decoder: nothing is allocated per field except
-//! entries added to the dynamic table.
+//! buffers kept by the decoder. Per field, nothing is allocated but entries
+//! added to the dynamic table, and a Huffman-coded string remembered by
+//! the small cache of recent ones (`HuffmanCache`: its first four
+//! entries; after that their buffers are reused and grow only to a longer
+//! string, of at most 128 bytes).
 
 use std::collections::VecDeque;
 use std::sync::OnceLock;
@@ -75,11 +78,16 @@ impl HuffmanCache {
             return Ok(());
         }
         huffman_decode(coded, out)?;
-        let entry = (coded.to_vec(), out.clone());
         if self.entries.len() < Self::ENTRIES {
-            self.entries.push(entry);
+            self.entries.push((coded.to_vec(), out.clone()));
         } else {
-            self.entries[self.next] = entry;
+            // The oldest entry's buffers are reused: once the cache is full
+            // and they have grown to the strings met, a miss allocates nothing.
+            let (c, plain) = &mut self.entries[self.next];
+            c.clear();
+            c.extend_from_slice(coded);
+            plain.clear();
+            plain.extend_from_slice(out);
             self.next = (self.next + 1) % Self::ENTRIES;
         }
         Ok(())
