@@ -284,9 +284,13 @@ async fn a_failing_startup_check_keeps_the_worker_out_of_rotation() {
 }
 
 fn zk_agent(zk: &Zk, node: &str) -> Agent {
+    service_agent(zk, node, "ops")
+}
+
+fn service_agent(zk: &Zk, node: &str, service: &str) -> Agent {
     Agent::builder()
         .config(format!(
-            "node_id = \"{node}\"\n[registry]\nurl = \"{}\"\nservice = \"ops\"\nsession_timeout = \"2s\"\n\
+            "node_id = \"{node}\"\n[registry]\nurl = \"{}\"\nservice = \"{service}\"\nsession_timeout = \"2s\"\n\
              [[workers]]\ncommand = \"{}\"\n",
             zk.url("/im"),
             testworker("--service-time-ms 2")
@@ -371,6 +375,57 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
     ]))
     .await;
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+
+    // Two services by priority under a budget of 2 GPUs (a node without
+    // GPUs counts as one), each with a floor of 2: ops (priority 10, the two
+    // loaded nodes) keeps its floor, batch (priority 1, one idle node) gives
+    // its node way to ops.
+    let mut batch = service_agent(&zk, "node-batch", "batch");
+    batch.wait_ready().await;
+    let priorities = [
+        "scale",
+        "--registry",
+        &registry,
+        "--priority",
+        "ops=10",
+        "--priority",
+        "batch=1",
+        "--gpu-budget",
+        "2",
+        "--min-nodes",
+        "2",
+    ];
+    let out = cli(args(&[&priorities[..], &["--json"]].concat())).await;
+    assert!(out.status.success(), "{out:?}");
+    let doc = json_of(&out);
+    let (ops, low) = (&doc["services"][0], &doc["services"][1]);
+    assert_eq!(
+        (&ops["service"], &low["service"]),
+        (&"ops".into(), &"batch".into()),
+        "{doc}"
+    );
+    assert_eq!(
+        (&ops["serving"], &ops["gets"]),
+        (&2.into(), &2.into()),
+        "{doc}"
+    );
+    assert_eq!(
+        (&low["serving"], &low["gets"]),
+        (&1.into(), &0.into()),
+        "{doc}"
+    );
+    assert_eq!(low["advice"]["advice"], "down", "{doc}");
+    assert_eq!(low["gave_way"]["nodes"], 1, "{doc}");
+    assert_eq!(low["gave_way"]["to"][0], "ops", "{doc}");
+    assert_eq!(doc["granted_gpus"], 2, "{doc}");
+    let out = cli(args(&priorities)).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("scale DOWN to 0; GAVE WAY 1 node(s) to ops")
+            && text.contains("GPU budget 2"),
+        "{text}"
+    );
+    batch.terminate();
 
     let token = path(&a.token_file);
     let out = cli(args(&[

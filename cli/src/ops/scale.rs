@@ -1,14 +1,27 @@
 //! `infermesh scale`: how many nodes a service needs, from the busy ratio
 //! its agents measure (the share of the last 10 s each had work in flight).
 //!
-//! The rule ([`ScaleRule`], sans-IO) is WPAI's: with `y` the mean busy ratio
-//! of the serving nodes and `N` their count, recommend `ceil(y / target × N)`
-//! — up once `y` has stayed above `max` for `up_window` (2 min), down once
-//! it has stayed below `min` for `down_window` (5 min), never below
-//! `min_nodes`, and *hold* (recommend nothing) while any node's figure is
-//! missing. Busy ratio rather than CPU: a GPU-bound worker keeps the CPU idle
-//! while the node is saturated. configs/scaling/ holds a KEDA ScaledObject and
-//! an HPA that implement the same rule from Prometheus.
+//! The rule ([`rule::Scaler`], sans-IO) is WPAI's: with `y` the mean busy
+//! ratio of the serving nodes and `N` their count, recommend `ceil(y /
+//! target × N)` — up once `y` has stayed above `max` for `up_window` (2
+//! min), down once it has stayed below `min` for `down_window` (5 min),
+//! never below `min_nodes`, and *hold* (recommend nothing) while any node's
+//! figure is missing. Busy ratio rather than CPU: a GPU-bound worker keeps
+//! the CPU idle while the node is saturated. configs/scaling/ holds a KEDA
+//! ScaledObject and an HPA that implement the same rule from Prometheus.
+//!
+//! With `--priority SERVICE=N` (repeatable) it recommends for several
+//! services at once, each by its own rule, and with `--gpu-budget G` the
+//! services share G GPUs by priority: lower priorities give way first, and
+//! the output says who gave way to whom ([`budget`], [`priorities`]).
+
+mod budget;
+mod priorities;
+mod rule;
+#[cfg(test)]
+mod simulation;
+
+pub use rule::{Advice, ScaleRule, Scaler};
 
 use std::time::{Duration, Instant};
 
@@ -49,141 +62,18 @@ pub struct ScaleArgs {
     /// Time between samples with --watch.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     interval: Duration,
-}
-
-/// The scaling rule's settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScaleRule {
-    /// Busy ratio aimed for.
-    pub target: f64,
-    /// Lower edge of the band.
-    pub min: f64,
-    /// Upper edge of the band.
-    pub max: f64,
-    /// Time above `max` before scaling up.
-    pub up_window: Duration,
-    /// Time below `min` before scaling down.
-    pub down_window: Duration,
-    /// Floor.
-    pub min_nodes: usize,
-}
-
-/// What the rule says.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "lowercase", tag = "advice")]
-pub enum Advice {
-    /// Missing data: recommend nothing.
-    Hold {
-        /// Why.
-        reason: String,
-    },
-    /// Within the band, or outside it for less than its window.
-    Keep {
-        /// Why.
-        reason: String,
-    },
-    /// Grow to `to` nodes.
-    Up {
-        /// Recommended count.
-        to: usize,
-    },
-    /// Shrink to `to` nodes.
-    Down {
-        /// Recommended count.
-        to: usize,
-    },
-}
-
-/// The rule with its memory of how long the busy ratio has been out of band.
-#[derive(Debug)]
-pub struct Scaler {
-    rule: ScaleRule,
-    above_since: Option<Instant>,
-    below_since: Option<Instant>,
-}
-
-impl Scaler {
-    /// A rule with no history.
-    pub fn new(rule: ScaleRule) -> Self {
-        Self {
-            rule,
-            above_since: None,
-            below_since: None,
-        }
-    }
-
-    /// The formula alone: `ceil(busy / target × nodes)`, at least `min_nodes`.
-    pub fn formula(&self, nodes: usize, busy: f64) -> usize {
-        let want = (busy / self.rule.target * nodes as f64).ceil();
-        (want.max(0.0) as usize).max(self.rule.min_nodes)
-    }
-
-    /// One sample: the busy ratio of each serving node (`None` where it is
-    /// unknown) at `now`.
-    pub fn observe(&mut self, now: Instant, busy: &[Option<f64>]) -> Advice {
-        let known: Option<Vec<f64>> = busy.iter().copied().collect();
-        let Some(known) = known.filter(|k| !k.is_empty()) else {
-            self.above_since = None;
-            self.below_since = None;
-            return Advice::Hold {
-                reason: if busy.is_empty() {
-                    "no serving node".into()
-                } else {
-                    "a node's busy ratio is missing".into()
-                },
-            };
-        };
-        let n = known.len();
-        let y = known.iter().sum::<f64>() / n as f64;
-        let r = self.rule;
-        if y > r.max {
-            self.below_since = None;
-            let since = *self.above_since.get_or_insert(now);
-            let held = now.saturating_duration_since(since);
-            if held >= r.up_window {
-                return Advice::Up {
-                    to: self.formula(n, y).max(n + 1),
-                };
-            }
-            return Advice::Keep {
-                reason: format!(
-                    "busy {y:.2} above {:.2} for {}s of {}s",
-                    r.max,
-                    held.as_secs(),
-                    r.up_window.as_secs()
-                ),
-            };
-        }
-        self.above_since = None;
-        if y < r.min {
-            let since = *self.below_since.get_or_insert(now);
-            let held = now.saturating_duration_since(since);
-            let to = self.formula(n, y);
-            if held >= r.down_window && to < n {
-                return Advice::Down { to };
-            }
-            return Advice::Keep {
-                reason: if to >= n {
-                    format!(
-                        "busy {y:.2} below {:.2}, but {n} nodes are what the formula asks for \
-                         (floor {})",
-                        r.min, r.min_nodes
-                    )
-                } else {
-                    format!(
-                        "busy {y:.2} below {:.2} for {}s of {}s",
-                        r.min,
-                        held.as_secs(),
-                        r.down_window.as_secs()
-                    )
-                },
-            };
-        }
-        self.below_since = None;
-        Advice::Keep {
-            reason: format!("busy {y:.2} within {:.2}-{:.2}", r.min, r.max),
-        }
-    }
+    /// A service and its priority, SERVICE=N (repeatable; higher is more
+    /// important, as in Kubernetes PriorityClasses). With it, scale advises
+    /// every service named here (instead of --service), each by its own
+    /// busy ratio and the rule above.
+    #[arg(long = "priority", value_name = "SERVICE=N")]
+    priorities: Vec<String>,
+    /// GPUs the services may hold together. When their rules want more,
+    /// lower priorities are scaled down first (never below --min-nodes
+    /// while a higher priority's floor fits) and the output says who gave
+    /// way. A node counts the GPUs its registry record lists (at least 1).
+    #[arg(long, value_name = "GPUS")]
+    gpu_budget: Option<u64>,
 }
 
 /// One node's figures.
@@ -195,6 +85,9 @@ struct NodeLoad {
     #[serde(rename = "inflight")]
     in_flight: Option<u64>,
     queued: Option<u64>,
+    /// GPUs its record lists.
+    #[serde(skip)]
+    gpus: u32,
 }
 
 pub fn main(args: ScaleArgs) -> i32 {
@@ -230,6 +123,10 @@ fn check(args: &ScaleArgs) -> Result<ScaleRule, OpsError> {
 
 async fn run(args: ScaleArgs) -> Result<(), OpsError> {
     let rule = check(&args)?;
+    if !args.priorities.is_empty() || args.gpu_budget.is_some() {
+        let services = priorities::parse(&args.priorities, &args.registry.service)?;
+        return priorities::run(&args, rule, services).await;
+    }
     let mut scaler = Scaler::new(rule);
     if !args.watch {
         let nodes = sample(&args.registry).await?;
@@ -387,6 +284,7 @@ async fn node_load(r: NodeRecord, timeout: Duration, tls: super::TlsArgs) -> Nod
         }
     };
     NodeLoad {
+        gpus: r.capacity.gpu_count,
         id: r.node_id,
         state: match r.state {
             NodeState::Serving => "serving",
@@ -404,84 +302,37 @@ async fn node_load(r: NodeRecord, timeout: Duration, tls: super::TlsArgs) -> Nod
 mod tests {
     use super::*;
 
-    fn rule() -> ScaleRule {
-        ScaleRule {
-            target: 0.7,
-            min: 0.6,
-            max: 0.8,
-            up_window: Duration::from_secs(120),
-            down_window: Duration::from_secs(300),
-            min_nodes: 2,
+    const PRIORITIES: &str = include_str!("../../../configs/scaling/keda-priorities.yaml");
+
+    /// The per-service KEDA example: each ScaledObject reads its own
+    /// service's busy ratio, each service has a PriorityClass, the more
+    /// important one the higher value.
+    #[test]
+    fn the_priority_example_reads_each_service() {
+        let docs: Vec<&str> = PRIORITIES.split("\n---\n").collect();
+        let value = |class: &str| {
+            let doc = docs
+                .iter()
+                .find(|d| d.contains(&format!("name: infermesh-{class}\n")))
+                .unwrap_or_else(|| panic!("PriorityClass infermesh-{class}"));
+            doc.lines()
+                .find_map(|l| l.strip_prefix("value: "))
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .expect("a value")
+        };
+        assert!(value("search") > value("batch"));
+        for service in ["search", "batch"] {
+            let scaled = docs
+                .iter()
+                .find(|d| {
+                    d.contains("kind: ScaledObject") && d.contains(&format!("  name: {service}\n"))
+                })
+                .unwrap_or_else(|| panic!("ScaledObject {service}"));
+            assert!(
+                scaled.contains(&format!("service=\"{service}\"")),
+                "{service} reads its own busy ratio"
+            );
         }
-    }
-
-    #[test]
-    fn up_only_after_the_window_and_by_the_formula() {
-        let t0 = Instant::now();
-        let mut s = Scaler::new(rule());
-        let hot = [Some(0.95); 4];
-        assert!(matches!(s.observe(t0, &hot), Advice::Keep { .. }));
-        assert!(matches!(
-            s.observe(t0 + Duration::from_secs(119), &hot),
-            Advice::Keep { .. }
-        ));
-        // ceil(0.95 / 0.7 × 4) = 6.
-        assert_eq!(
-            s.observe(t0 + Duration::from_secs(120), &hot),
-            Advice::Up { to: 6 }
-        );
-        // Back in band: the clock restarts.
-        assert!(matches!(
-            s.observe(t0 + Duration::from_secs(121), &[Some(0.7); 4]),
-            Advice::Keep { .. }
-        ));
-        assert!(matches!(
-            s.observe(t0 + Duration::from_secs(122), &hot),
-            Advice::Keep { .. }
-        ));
-    }
-
-    #[test]
-    fn down_after_its_longer_window_and_never_below_the_floor() {
-        let t0 = Instant::now();
-        let mut s = Scaler::new(rule());
-        let cold = [Some(0.2); 6];
-        assert!(matches!(s.observe(t0, &cold), Advice::Keep { .. }));
-        // ceil(0.2 / 0.7 × 6) = 2.
-        assert_eq!(
-            s.observe(t0 + Duration::from_secs(300), &cold),
-            Advice::Down { to: 2 }
-        );
-        // At the floor already: keep.
-        let mut s = Scaler::new(rule());
-        let two = [Some(0.05); 2];
-        s.observe(t0, &two);
-        assert!(matches!(
-            s.observe(t0 + Duration::from_secs(600), &two),
-            Advice::Keep { .. }
-        ));
-    }
-
-    #[test]
-    fn missing_data_holds_and_resets_the_windows() {
-        let t0 = Instant::now();
-        let mut s = Scaler::new(rule());
-        let hot = [Some(0.95); 2];
-        s.observe(t0, &hot);
-        assert!(matches!(
-            s.observe(t0 + Duration::from_secs(60), &[Some(0.95), None]),
-            Advice::Hold { .. }
-        ));
-        assert!(matches!(s.observe(t0, &[]), Advice::Hold { .. }));
-        // The hot spell restarts after the gap.
-        assert!(matches!(
-            s.observe(t0 + Duration::from_secs(130), &hot),
-            Advice::Keep { .. }
-        ));
-        assert_eq!(
-            s.observe(t0 + Duration::from_secs(250), &hot),
-            Advice::Up { to: 3 }
-        );
     }
 
     /// The KEDA and HPA examples implement the CLI's defaults.
@@ -503,6 +354,7 @@ mod tests {
                 "hpa-external.yaml",
                 include_str!("../../../configs/scaling/hpa-external.yaml"),
             ),
+            ("keda-priorities.yaml", PRIORITIES),
         ] {
             let up = format!("stabilizationWindowSeconds: {}", d.up_window.as_secs());
             let down = format!("stabilizationWindowSeconds: {}", d.down_window.as_secs());
