@@ -41,13 +41,14 @@ use crate::forward::{BodyLimits, InferPath};
 use crate::front::Front;
 use crate::gpu;
 use crate::grpc_health::GrpcHealth;
-use crate::launch::{Launcher, ProcessLauncher};
+use crate::launch::Launcher;
 use crate::metrics::Metrics;
 use crate::pool::Pool;
 use crate::rdma::{RdmaPeers, RdmaService};
 use crate::registry::{self, Advertised, Phase};
 use crate::server::{self, Oip, ServerLimits, Shutdown};
 use crate::shm::{self, ShmState};
+use crate::spawn::ProcessLauncher;
 use crate::state::Worker;
 use crate::supervisor::{self, Context};
 
@@ -353,7 +354,7 @@ impl Agent {
             });
         }
         if cfg.weight == config::Weight::Auto {
-            let task = crate::capacity::run(Arc::clone(&gpus), Arc::clone(&pool));
+            let task = crate::capacity_task::run(Arc::clone(&gpus), Arc::clone(&pool));
             let stop = stop_background.clone();
             background.spawn(async move {
                 tokio::select! {

@@ -342,7 +342,21 @@ impl FromStr for RawWeight {
     }
 }
 
-pub use crate::capacity::Weight;
+/// The configured `weight`: estimated live (`"auto"`, the default) or
+/// pinned to a number (× the share of workers ready).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Weight {
+    /// Estimated from what the workers serve ([`crate::capacity`]).
+    Auto,
+    /// The operator's number.
+    Fixed(f64),
+}
+
+impl From<f64> for Weight {
+    fn from(w: f64) -> Self {
+        Weight::Fixed(w)
+    }
+}
 
 /// Longest `otlp_endpoint` accepted.
 pub const MAX_OTLP_ENDPOINT: usize = 1024;

@@ -426,15 +426,12 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     }
 }
 
-/// Why the requests on a worker the sentinel gave up on are failed.
-pub(crate) const ABORTED: &str = "it stopped answering requests and is being restarted";
-
 /// The answer to a request whose worker the sentinel gave up on (it stopped
 /// answering): UNAVAILABLE, so the caller retries elsewhere at once.
 pub(crate) fn aborted(worker: &str) -> Status {
     AgentError::WorkerUnreachable {
         worker: worker.to_string(),
-        reason: ABORTED.into(),
+        reason: crate::supervisor::ABORTED.into(),
     }
     .into()
 }

@@ -43,9 +43,7 @@ use crate::procfs::{self, ProcTable};
 pub mod slices;
 pub mod usage;
 
-/// Default time an unattributed application Xid holds its GPU's workers
-/// suspect.
-pub const DEFAULT_SUSPECT_WINDOW: Duration = Duration::from_secs(10);
+pub use crate::config::stall::DEFAULT_SUSPECT_WINDOW;
 
 /// What the GPU watcher reads and decides with.
 pub struct GpuWatch {

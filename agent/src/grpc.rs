@@ -8,10 +8,7 @@ use tonic::Status;
 use crate::pool::Pool;
 use crate::trailer::{FrontBody, add_report};
 
-/// The path of `ModelInfer` (kept with the upstream connection, which
-/// sits in a lower layer and sends it).
-/// The path of `ModelInfer`.
-pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+pub use infermesh_proto::MODEL_INFER_PATH;
 /// Bytes before each message: compressed flag and big-endian length.
 pub const FRAME_HEADER: usize = 5;
 

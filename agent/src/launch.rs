@@ -14,7 +14,6 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -96,22 +95,5 @@ impl OutputSink {
             }
         }
         self.log.push_output(line.to_string());
-    }
-}
-
-/// Starts real processes ([`crate::spawn`]).
-#[derive(Debug, Clone, Default)]
-pub struct ProcessLauncher {
-    /// The `infermesh` binary to start workers through as a shim, if any.
-    pub shim: Option<PathBuf>,
-}
-
-impl Launcher for ProcessLauncher {
-    fn launch(&self, spec: &WorkerSpec, output: OutputSink) -> io::Result<Box<dyn Launched>> {
-        Ok(Box::new(crate::spawn::spawn(
-            spec,
-            self.shim.as_deref(),
-            output,
-        )?))
     }
 }

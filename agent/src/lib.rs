@@ -29,6 +29,7 @@ pub mod admin;
 pub mod agent;
 pub mod busy;
 pub mod capacity;
+pub mod capacity_task;
 pub mod concurrency;
 pub mod config;
 pub mod conn;

@@ -39,8 +39,9 @@ use infermesh_sentinel::{Progress, ProgressMeter, State};
 use tokio::sync::oneshot;
 
 use crate::busy::{BusyWindow, RateWindow};
-use crate::capacity::{self, Weight};
+use crate::capacity;
 use crate::concurrency::{Dispatch, Limiter};
+use crate::config::Weight;
 use crate::error::AgentError;
 use crate::models::{ModelId, Models};
 use crate::state::{Process, Worker};

@@ -27,7 +27,7 @@
 //!   [`crate::output::read_lines`] (bytes, lines capped, lossy UTF-8) into
 //!   [`OutputSink::line`]: the agent log, the output ring, fault patterns.
 //!
-//! [`ProcessLauncher::shim`]: crate::launch::ProcessLauncher::shim
+//! [`ProcessLauncher::shim`]: ProcessLauncher::shim
 //!
 //! A bare program name is looked up in `PATH`, then next to the running
 //! `infermesh` binary, so `--worker "infermesh-testworker ..."` works from a
@@ -47,7 +47,7 @@ use tokio::io::{AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::config::WorkerSpec;
-use crate::launch::{Exit, Launched, OutputSink};
+use crate::launch::{Exit, Launched, Launcher, OutputSink};
 
 /// Placeholder in a worker's command line for its port.
 pub const PORT_PLACEHOLDER: &str = "{port}";
@@ -257,6 +257,19 @@ pub fn describe(code: Option<i32>, signal: Option<i32>) -> String {
             Err(_) => format!("signal {sig}"),
         },
         _ => "ended".to_string(),
+    }
+}
+
+/// Starts real processes ([`spawn`]).
+#[derive(Debug, Clone, Default)]
+pub struct ProcessLauncher {
+    /// The `infermesh` binary to start workers through as a shim, if any.
+    pub shim: Option<PathBuf>,
+}
+
+impl Launcher for ProcessLauncher {
+    fn launch(&self, spec: &WorkerSpec, output: OutputSink) -> io::Result<Box<dyn Launched>> {
+        Ok(Box::new(spawn(spec, self.shim.as_deref(), output)?))
     }
 }
 

@@ -55,6 +55,9 @@ use crate::state::{Process, Worker, WorkerDriver, WorkerSnapshot};
 use crate::upstream::Upstream;
 use crate::worker_log::HealthRecord;
 
+/// Why the requests on a worker the sentinel gave up on are failed.
+pub(crate) const ABORTED: &str = "it stopped answering requests and is being restarted";
+
 /// Interval between readiness probes while a worker starts.
 const READY_POLL: Duration = Duration::from_millis(25);
 /// Timeout of one startup readiness call.
@@ -333,7 +336,7 @@ impl Supervisor {
             Action::AbortInFlight => {
                 if let Some(process) = &self.snap.process {
                     process.abort.cancel();
-                    process.upstream.abort(crate::forward::ABORTED);
+                    process.upstream.abort(ABORTED);
                     let (in_flight, _) = self.ctx.pool.worker_load(self.worker.index);
                     tracing::warn!(worker = %id, pid = process.pid, in_flight, "answering the requests in flight on the stuck worker with UNAVAILABLE");
                     log.push_event("abort_in_flight", format!("{in_flight} request(s)"));

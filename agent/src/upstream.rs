@@ -338,7 +338,7 @@ impl Upstream {
         let shared = Arc::new(Shared {
             conn: Mutex::new(Conn::new(
                 &self.inner.authority,
-                crate::grpc::MODEL_INFER_PATH,
+                infermesh_proto::MODEL_INFER_PATH,
             )),
             tcp,
             write_wanted: Notify::new(),

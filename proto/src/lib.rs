@@ -49,6 +49,9 @@ pub use inference::grpc_inference_service_server::{
     GrpcInferenceService, GrpcInferenceServiceServer,
 };
 
+/// The HTTP/2 path of `ModelInfer`, the call the agent passes through.
+pub const MODEL_INFER_PATH: &str = "/inference.GRPCInferenceService/ModelInfer";
+
 /// Largest gRPC message infermesh accepts or sends by default: 64 MiB, so
 /// 16 MiB tensors fit with room (tonic's own default is 4 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

@@ -6,6 +6,10 @@ use std::time::Duration;
 use infermesh_sentinel::StallWindow;
 use infermesh_sentinel::stall::DEFAULT_FLOOR;
 
+/// Default time an unattributed application Xid holds its GPU's workers
+/// suspect.
+pub const DEFAULT_SUSPECT_WINDOW: Duration = Duration::from_secs(10);
+
 /// Shortest window or floor accepted: below the watchdog's own period
 /// (250 ms) it would only measure that.
 const MIN_WINDOW: Duration = Duration::from_millis(500);
@@ -59,7 +63,7 @@ pub fn stall_window(
 
 /// `[gpu] suspect_window`: between 1 s and 10 min.
 pub fn suspect_window(value: Option<Duration>, problems: &mut Vec<String>) -> Duration {
-    let window = value.unwrap_or(crate::gpu::DEFAULT_SUSPECT_WINDOW);
+    let window = value.unwrap_or(DEFAULT_SUSPECT_WINDOW);
     if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&window) {
         problems.push(format!(
             "gpu.suspect_window: {window:?} must be between 1s and 10m"
@@ -125,10 +129,7 @@ mod tests {
     #[test]
     fn the_suspect_window_is_bounded() {
         let mut problems = Vec::new();
-        assert_eq!(
-            suspect_window(None, &mut problems),
-            crate::gpu::DEFAULT_SUSPECT_WINDOW
-        );
+        assert_eq!(suspect_window(None, &mut problems), DEFAULT_SUSPECT_WINDOW);
         suspect_window(Some(Duration::from_millis(10)), &mut problems);
         suspect_window(Some(Duration::from_secs(3600)), &mut problems);
         assert_eq!(problems.len(), 2, "{problems:?}");
@@ -175,6 +176,6 @@ stall_window = "90s"
             cfg.workers[0].stall,
             StallWindow::Fixed(Duration::from_secs(90))
         );
-        assert_eq!(cfg.suspect_window, crate::gpu::DEFAULT_SUSPECT_WINDOW);
+        assert_eq!(cfg.suspect_window, DEFAULT_SUSPECT_WINDOW);
     }
 }

@@ -109,7 +109,7 @@ async fn a_request_and_its_answer_cross_intact() {
         |req: Request<RecvStream>, respond| async move {
             let (parts, recv) = req.into_parts();
             assert_eq!(parts.method, http::Method::POST);
-            assert_eq!(parts.uri.path(), crate::grpc::MODEL_INFER_PATH);
+            assert_eq!(parts.uri.path(), infermesh_proto::MODEL_INFER_PATH);
             assert_eq!(parts.headers["te"], "trailers");
             assert_eq!(parts.headers["x-request-id"], "abc");
             let data = body(recv).await;
