@@ -24,14 +24,12 @@
 //! rewritten; they go through [`Front::infer_decoded`] instead, and so do
 //! their responses.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::BodyExt;
 use infermesh_proto::inference::ModelInferRequest;
 use infermesh_proto::tensor::{validate_request, validate_request_sizes};
@@ -45,12 +43,16 @@ use crate::conn::ConnInfo;
 use crate::deadline::header_timeout;
 use crate::error::AgentError;
 use crate::front::Front;
+use crate::front_body::FrontBody;
 use crate::grpc::{self, FRAME_HEADER, frame_header, message_response, status_response};
-use crate::inbox::Reporter;
-use crate::metrics::{Metrics, ModelMetrics, TransportPath};
-use crate::pool::{Lease, Pool, Ticket};
-use crate::trailer::{FrontBody, add_report};
+use crate::metrics::{Metrics, TransportPath};
+use crate::pool::{Pool, Ticket};
 use crate::upstream::Metadata;
+
+pub(crate) mod body;
+
+pub use body::ForwardBody;
+use body::{Done, grpc_code};
 
 /// Limits on what a caller may send.
 #[derive(Debug, Clone, Copy)]
@@ -426,16 +428,6 @@ pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
     }
 }
 
-/// The answer to a request whose worker the sentinel gave up on (it stopped
-/// answering): UNAVAILABLE, so the caller retries elsewhere at once.
-pub(crate) fn aborted(worker: &str) -> Status {
-    AgentError::WorkerUnreachable {
-        worker: worker.to_string(),
-        reason: crate::supervisor::ABORTED.into(),
-    }
-    .into()
-}
-
 /// What is left of `deadline`, sent to the worker as `grpc-timeout`; an
 /// error when nothing is.
 fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
@@ -461,163 +453,6 @@ fn refuse_backlogged(parts: &http::request::Parts) -> Result<(), Status> {
             "this connection is not reading its responses; read them, or retry on another connection",
         )),
         _ => Ok(()),
-    }
-}
-
-/// The code of the `grpc-status` in `map` (a worker's trailers, or the
-/// headers of a trailers-only answer); `None` when it is missing, and
-/// `Unknown` when it is not a code, as tonic reads it. Read directly:
-/// building a `Status` (message, details) for every answer cost as much as
-/// the rest of the agent's handling of the trailers.
-fn grpc_code(map: &HeaderMap) -> Option<Code> {
-    Some(Code::from_bytes(map.get("grpc-status")?.as_bytes()))
-}
-
-/// Tells a worker's sentinel about an internal error it answered, and
-/// decides what the caller sees. An error naming a fatal GPU fault (the
-/// worker's CUDA context is gone, e.g. Triton after an illegal address) is
-/// reported as a fault and answered UNAVAILABLE, so the client retries
-/// elsewhere; other internal errors count towards the error burst.
-pub(crate) fn judge_worker_status(
-    reporter: &Reporter,
-    pid: u32,
-    patterns: &FaultPatterns,
-    status: Status,
-) -> Status {
-    if !matches!(status.code(), Code::Internal | Code::Unknown) {
-        return status;
-    }
-    match patterns.find(status.message()) {
-        Some(pattern) => {
-            reporter.fault_line(pid, pattern, status.message());
-            Status::unavailable(format!("worker failed: {}", status.message()))
-        }
-        None => {
-            reporter.request_error(pid);
-            status
-        }
-    }
-}
-
-/// What is left to do when the worker's answer ends.
-struct Done {
-    /// The request's trace span (none unless tracing), open until the end.
-    span: tracing::Span,
-    lease: Option<Lease>,
-    ticket: Option<Ticket>,
-    metrics: Arc<ModelMetrics>,
-    started: Instant,
-    reporter: Reporter,
-    pid: u32,
-    patterns: Arc<FaultPatterns>,
-    pool: Arc<Pool>,
-}
-
-impl Done {
-    /// Frees the permit, reports worker errors, records the request, and
-    /// writes the final status (maybe rewritten) and the load report into
-    /// `trailers`. `answered`: the status is the worker's, not one the
-    /// agent made up because the worker's answer broke off.
-    fn finish(&mut self, trailers: &mut HeaderMap, code: Code, answered: bool) {
-        match (self.lease.as_mut(), code) {
-            (Some(lease), Code::Ok) => lease.served(),
-            (Some(lease), _) if answered => lease.answered(),
-            _ => {}
-        }
-        self.lease = None;
-        self.ticket = None;
-        // Only an internal error is judged (a GPU fault?): the status with
-        // its message is built for that case alone, not for every answer.
-        let code = if matches!(code, Code::Internal | Code::Unknown) {
-            let status = Status::from_header_map(trailers).unwrap_or_else(|| Status::new(code, ""));
-            let judged = judge_worker_status(&self.reporter, self.pid, &self.patterns, status);
-            if judged.code() != code {
-                for key in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
-                    trailers.remove(key);
-                }
-                let _ = judged.add_header(trailers);
-            }
-            judged.code()
-        } else {
-            code
-        };
-        self.metrics.request(code, self.started.elapsed());
-        if !self.span.is_none() {
-            let _in = self.span.enter();
-            crate::trace::record("outcome", &format_args!("{code:?}"));
-        }
-        add_report(&self.pool, trailers);
-    }
-}
-
-impl Drop for Done {
-    fn drop(&mut self) {
-        if self.ticket.is_some() {
-            // The caller went away before the worker answered.
-            self.metrics
-                .request(Code::Cancelled, self.started.elapsed());
-            if !self.span.is_none() {
-                let _in = self.span.enter();
-                crate::trace::record("outcome", &"Cancelled");
-            }
-        }
-    }
-}
-
-/// A worker's response body on its way to the caller.
-pub struct ForwardBody {
-    exchange: crate::upstream::Exchange,
-    done: Option<Done>,
-}
-
-impl ForwardBody {
-    fn end(&mut self, mut trailers: HeaderMap, code: Code, answered: bool) -> Frame<Bytes> {
-        if let Some(mut done) = self.done.take() {
-            done.finish(&mut trailers, code, answered);
-        }
-        Frame::trailers(trailers)
-    }
-
-    fn failed(&mut self, why: String) -> Frame<Bytes> {
-        let status: Status = AgentError::WorkerUnreachable {
-            worker: format!("pid {}", self.done.as_ref().map_or(0, |d| d.pid)),
-            reason: why,
-        }
-        .into();
-        let mut trailers = HeaderMap::new();
-        let _ = status.add_header(&mut trailers);
-        self.end(trailers, status.code(), false)
-    }
-}
-
-impl Body for ForwardBody {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = &mut *self;
-        if this.done.is_none() {
-            return Poll::Ready(None);
-        }
-        let frame = match ready!(this.exchange.poll_data(cx)) {
-            Ok(Some(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-            Ok(None) => match this.exchange.trailers() {
-                Some(trailers) => match grpc_code(&trailers) {
-                    Some(code) => this.end(trailers, code, true),
-                    None => this.failed("the worker's response ended without a gRPC status".into()),
-                },
-                None => this.failed("the worker's response ended without trailers".into()),
-            },
-            Err(e) => this.failed(e.to_string()),
-        };
-        Poll::Ready(Some(Ok(frame)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done.is_none()
     }
 }
 

@@ -2,7 +2,7 @@
 //! except plain `ModelInfer`, which [`crate::forward`] passes through
 //! without decoding it into this service. `ModelInfer` requests that need
 //! their tensors rewritten (shared memory, RDMA) come here through
-//! [`Front::infer_decoded`]; `ModelStreamInfer` is in [`crate::stream`].
+//! [`Front::infer_decoded`]; `ModelStreamInfer` is in `model_stream` (a child module: it is part of this service).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,13 +19,15 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use crate::conn;
 use crate::deadline::request_timeout;
 use crate::error::AgentError;
-use crate::forward::{aborted, judge_worker_status};
 use crate::metrics::{Metrics, TransportPath};
 use crate::models::ModelId;
 use crate::pool::Pool;
 use crate::rdma::{self, RdmaPeers};
 use crate::shm::{self, ShmState};
 use crate::state::{Process, Worker};
+use crate::worker_status::{aborted, judge_worker_status, worker_status};
+
+mod model_stream;
 
 /// The OIP service an agent serves.
 #[derive(Clone)]
@@ -156,25 +158,6 @@ impl Front {
             p.finish(&mut resp).await?;
         }
         Ok((resp, path))
-    }
-}
-
-/// A worker's error as the caller sees it: its own statuses pass through; a
-/// broken connection becomes UNAVAILABLE naming the worker, so clients retry
-/// elsewhere.
-pub(crate) fn worker_status(worker: &Worker, s: Status) -> Status {
-    // A status the worker sent has no source error; one tonic made from a
-    // broken connection does, whatever its code (UNKNOWN for a reset body,
-    // INTERNAL for an h2 stream reset while the worker is being killed).
-    let from_transport = std::error::Error::source(&s).is_some();
-    if s.code() == Code::Unavailable || from_transport {
-        AgentError::WorkerUnreachable {
-            worker: worker.id().to_string(),
-            reason: s.message().to_string(),
-        }
-        .into()
-    } else {
-        s
     }
 }
 
@@ -356,7 +339,7 @@ impl infermesh_proto::GrpcInferenceService for Front {
         &self,
         req: Request<Streaming<ModelInferRequest>>,
     ) -> Result<Response<BoxStream<ModelStreamInferResponse>>, Status> {
-        crate::stream::serve(self.clone(), req).await
+        model_stream::serve(self.clone(), req).await
     }
 }
 

@@ -5,8 +5,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response};
 use tonic::Status;
 
+use crate::front_body::FrontBody;
+use crate::load_report::add_report;
 use crate::pool::Pool;
-use crate::trailer::{FrontBody, add_report};
 
 pub use infermesh_proto::MODEL_INFER_PATH;
 /// Bytes before each message: compressed flag and big-endian length.

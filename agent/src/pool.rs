@@ -571,7 +571,7 @@ impl Pool {
     ///
     /// A snapshot's values repeat on every response until the next one, so
     /// HPACK sends them as an index into the connection's table instead of
-    /// Huffman-coding them on every response; see `trailer.rs`.
+    /// Huffman-coding them on every response; see `load_report.rs`.
     pub fn report(&self) -> Report {
         let mut s = lock(&self.sched);
         let now = Instant::now();

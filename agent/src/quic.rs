@@ -37,10 +37,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::forward::InferPath;
 use crate::grpc::{FRAME_HEADER, MODEL_INFER_PATH, frame_header};
+use crate::load_report::add_report;
 use crate::pool::Pool;
 use crate::server::Shutdown;
 use crate::tls::ServerTls;
-use crate::trailer::add_report;
 
 /// Flow-control windows: a 16 MiB tensor in one stream's window, several
 /// at once per connection.

@@ -48,9 +48,10 @@ use tower::ServiceExt;
 use crate::accept::{Admitted, BoundedListener};
 use crate::conn::{ConnInfo, FirstByteDeadline, OnClose};
 use crate::forward::InferPath;
+use crate::front_body::FrontBody;
 use crate::grpc::{MODEL_INFER_PATH, status_response};
+use crate::load_report::add_report;
 use crate::pool::Pool;
-use crate::trailer::{FrontBody, add_report};
 
 mod connection;
 

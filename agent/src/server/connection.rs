@@ -30,8 +30,8 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::{Router, ServerLimits, Shutdown};
 use crate::conn::ConnInfo;
+use crate::front_body::FrontBody;
 use crate::grpc::MODEL_INFER_PATH;
-use crate::trailer::FrontBody;
 
 /// Bytes read from a socket at a time (at least).
 const READ_CHUNK: usize = 32 << 10;
@@ -123,7 +123,7 @@ pub(super) async fn serve_connection<T, R>(
         inner: Mutex::new(Inner {
             conn: Conn::new(
                 Settings {
-                    response_names: crate::trailer::RESPONSE_NAMES,
+                    response_names: crate::load_report::RESPONSE_NAMES,
                     known_paths: &[MODEL_INFER_PATH],
                     limits: limits.http2,
                 },

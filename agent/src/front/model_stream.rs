@@ -32,13 +32,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::BoxStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use super::Front;
 use crate::conn;
 use crate::deadline::request_timeout;
 use crate::error::AgentError;
-use crate::front::{Front, worker_status};
 use crate::metrics::TransportPath;
 use crate::pool::Lease;
 use crate::shm;
+use crate::worker_status::worker_status;
 
 /// Requests forwarded ahead of the worker's reading them.
 const FORWARD_BUFFER: usize = 16;

@@ -1,5 +1,4 @@
-//! The load report on every gRPC response of the OIP port, and the one body
-//! type the port answers with.
+//! The load report on every gRPC response of the OIP port.
 //!
 //! The report ([`LoadReport`]: inflight, queued, busy ratio, weight) goes
 //! into the trailers of a normal response, or into the headers of a
@@ -14,16 +13,9 @@
 //! = busy ratio, `rps_fractional` = requests completed per second over the
 //! last 10 s, and `named_metrics` `inflight`, `queued`, `busy`, `weight`.
 
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, ready};
-
-use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use http_body::{Body, Frame, SizeHint};
 use infermesh_proto::load::{BUSY_KEY, INFLIGHT_KEY, LoadReport, QUEUED_KEY, WEIGHT_KEY};
 
-use crate::forward::ForwardBody;
 use crate::pool::Pool;
 
 /// The names every response of the agent carries: the worker's content
@@ -207,82 +199,6 @@ fn encode_orca(report: &LoadReport, rps: f64) -> Option<HeaderValue> {
         .encode_slice(&buf[..n], &mut text)
         .expect("128 bytes fit in 172 base64 characters");
     HeaderValue::from_bytes(&text[..len]).ok()
-}
-
-/// A response body of the OIP port.
-#[derive(Default)]
-pub enum FrontBody {
-    /// No body (trailers-only responses).
-    #[default]
-    Empty,
-    /// One encoded message, then trailers.
-    Message {
-        /// The gRPC frame, taken when sent.
-        data: Option<Bytes>,
-        /// Trailers, taken when sent.
-        trailers: Option<HeaderMap>,
-    },
-    /// A worker's response passed through ([`crate::forward`]).
-    Forward(ForwardBody),
-    /// A response of a tonic service, with the load report added to its
-    /// trailers.
-    Tonic {
-        /// The service's body.
-        inner: tonic::body::Body,
-        /// Whose load to report.
-        pool: Arc<Pool>,
-    },
-}
-
-impl Body for FrontBody {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            FrontBody::Empty => Poll::Ready(None),
-            FrontBody::Message { data, trailers } => Poll::Ready(match data.take() {
-                Some(d) => Some(Ok(Frame::data(d))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
-            }),
-            FrontBody::Forward(f) => Pin::new(f).poll_frame(cx),
-            FrontBody::Tonic { inner, pool } => {
-                let frame = ready!(Pin::new(inner).poll_frame(cx));
-                Poll::Ready(frame.map(|f| {
-                    f.map(|frame| match frame.into_trailers() {
-                        Ok(mut trailers) => {
-                            add_report(pool, &mut trailers);
-                            Frame::trailers(trailers)
-                        }
-                        Err(frame) => frame,
-                    })
-                }))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            FrontBody::Empty => true,
-            FrontBody::Message { data, trailers } => data.is_none() && trailers.is_none(),
-            FrontBody::Forward(f) => f.is_end_stream(),
-            FrontBody::Tonic { inner, .. } => inner.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            FrontBody::Empty => SizeHint::with_exact(0),
-            FrontBody::Message { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
-            }
-            FrontBody::Forward(_) => SizeHint::default(),
-            FrontBody::Tonic { inner, .. } => inner.size_hint(),
-        }
-    }
 }
 
 #[cfg(test)]
