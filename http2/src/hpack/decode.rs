@@ -547,6 +547,26 @@ mod tests {
         }
     }
 
+    /// More distinct literals than the cache holds, of different lengths,
+    /// round after round: entries are overwritten in place (their buffers
+    /// reused) and every literal still decodes to itself.
+    #[test]
+    fn a_full_cache_still_decodes_each_literal_round_after_round() {
+        let mut d = Decoder::new(4096);
+        let values: Vec<Vec<u8>> = (0..HuffmanCache::ENTRIES + 3)
+            .map(|i| format!("/svc-{i}/{}", "m".repeat(i * 7)).into_bytes())
+            .collect();
+        for _ in 0..4 {
+            for v in &values {
+                let coded = huffman_encode_for_test(v);
+                let mut block = vec![0x04, 0x80 | coded.len() as u8];
+                block.extend_from_slice(&coded);
+                assert_eq!(decode_all(&mut d, &block).unwrap()[0].1.as_bytes(), &v[..]);
+            }
+            assert_eq!(d.recent.entries.len(), HuffmanCache::ENTRIES);
+        }
+    }
+
     #[test]
     fn literals_without_huffman_are_slices_of_the_block() {
         // RFC 7541 C.2.2: literal without indexing, indexed name (:path).
