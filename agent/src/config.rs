@@ -21,10 +21,12 @@ pub mod limits;
 pub mod shm;
 pub mod slice;
 pub mod stall;
+pub mod tenants;
 
 pub use limits::{Limits, RawLimits};
 pub use shm::{RawShm, ShmLimits};
 pub use slice::{GpuSlice, MpsShare, RawGpuRef, WorkerGpu};
+pub use tenants::{RawTenant, TenantSpec};
 
 /// The config file as written (all fields optional; defaults filled in by
 /// [`AgentConfig::from_raw`]).
@@ -77,6 +79,9 @@ pub struct RawConfig {
     /// Worker processes.
     #[serde(default)]
     pub workers: Vec<RawWorker>,
+    /// Who the models belong to and what each owner gets under contention.
+    #[serde(default)]
+    pub tenants: Vec<RawTenant>,
     /// File holding the bearer token that mutating admin RPCs must present.
     pub admin_token_file: Option<PathBuf>,
     /// Health-check plugins and their schedule.
@@ -419,6 +424,8 @@ pub struct AgentConfig {
     pub admin_advertise: Option<SocketAddr>,
     /// Workers.
     pub workers: Vec<WorkerSpec>,
+    /// Tenants (`default` included, last unless configured).
+    pub tenants: Vec<TenantSpec>,
     /// Bearer token of mutating admin RPCs; `None` refuses them all.
     pub admin_token: Option<AdminToken>,
     /// Health checks and their schedule.
@@ -611,6 +618,7 @@ impl AgentConfig {
             problems.push("no workers: give --worker \"COMMAND\" or a [[workers]] table".into());
         }
         let limits = Limits::from_raw(&raw.limits, &mut problems);
+        let tenants = tenants::tenants(&raw.tenants, &mut problems);
         let shm = ShmLimits::from_raw(&raw.shm, &mut problems);
         let mut sentinel = sentinel_config(&raw.sentinel, &mut problems);
         let base_dir = raw.base_dir.clone().unwrap_or_else(|| PathBuf::from("."));
@@ -769,6 +777,7 @@ impl AgentConfig {
                 advertise,
                 admin_advertise,
                 workers,
+                tenants,
                 admin_token,
                 health,
                 rdma,
@@ -1280,6 +1289,29 @@ mod tests {
         .unwrap();
         let text = AgentConfig::from_raw(raw).unwrap_err().to_string();
         assert!(text.contains("registry.url"), "{text}");
+    }
+
+    #[test]
+    fn tenants_section_is_checked() {
+        let cfg = |text: &str| {
+            AgentConfig::from_raw(
+                RawConfig::from_toml(&format!("[[workers]]\ncommand = \"w\"\n{text}")).unwrap(),
+            )
+        };
+        let t = cfg("").unwrap().tenants;
+        assert_eq!(t, vec![TenantSpec::whole_node()]);
+        let t = cfg(
+            "[[tenants]]\nname = \"search\"\nmodels = [\"ranker\"]\npriority = 1\nshare = 0.7\n",
+        )
+        .unwrap()
+        .tenants;
+        assert_eq!(t[0].name, "search");
+        assert_eq!(t[1].name, tenants::DEFAULT_TENANT);
+        let text =
+            cfg("[[tenants]]\nname = \"a\"\nshare = 0.7\n[[tenants]]\nname = \"b\"\nshare = 0.7\n")
+                .unwrap_err()
+                .to_string();
+        assert!(text.contains("shares add up to 1.400"), "{text}");
     }
 
     #[test]
