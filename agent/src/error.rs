@@ -1,5 +1,7 @@
 //! Agent errors, and the one place they become gRPC statuses.
 
+use std::time::Duration;
+
 use infermesh_proto::rdma::{NEEDED_BYTES_METADATA, TOO_LARGE_OUTPUT_METADATA};
 use infermesh_proto::tensor::TensorError;
 use tonic::Status;
@@ -14,12 +16,33 @@ pub enum AgentError {
     #[error("no ready worker for model '{0}' on this node")]
     NoReadyWorker(String),
     /// The model's queue is full.
-    #[error("queue for model '{model}' is full ({capacity} waiting)")]
+    #[error("queue for model '{model}' is full ({capacity} waiting); retry elsewhere")]
     QueueFull {
         /// Model name.
         model: String,
         /// Queue capacity.
         capacity: usize,
+        /// About how long the queue ahead takes to drain.
+        retry_after: Duration,
+    },
+    /// The request waited, and one that outranks it took its place in the
+    /// full queue.
+    #[error("request for model '{model}' was shed for a higher-priority one; retry elsewhere")]
+    Evicted {
+        /// Model name.
+        model: String,
+        /// About how long the queue ahead takes to drain.
+        retry_after: Duration,
+    },
+    /// The model's tenant is at its configured rate.
+    #[error("tenant '{tenant}' is at its rate of {rate} requests/s; retry elsewhere")]
+    RateLimited {
+        /// Tenant name.
+        tenant: String,
+        /// Its rate.
+        rate: f64,
+        /// Until its next token.
+        retry_after: Duration,
     },
     /// A message is larger than the agent accepts.
     #[error("message of {size} bytes is larger than the limit of {limit} bytes")]
@@ -94,18 +117,35 @@ pub fn echo(name: &str) -> String {
     out
 }
 
+/// The gRPC retry pushback header (gRPC's retry design, A6): milliseconds
+/// the client should wait before trying this server again. infermesh's
+/// client retries RESOURCE_EXHAUSTED on another node at once; others may
+/// use it to back off.
+pub const RETRY_PUSHBACK: &str = "grpc-retry-pushback-ms";
+
+/// RESOURCE_EXHAUSTED with a retry hint.
+fn shed(msg: String, retry_after: Duration) -> Status {
+    let mut md = tonic::metadata::MetadataMap::new();
+    let ms = retry_after.as_millis().clamp(1, u64::MAX as u128) as u64;
+    md.insert(RETRY_PUSHBACK, ms.into());
+    Status::with_metadata(tonic::Code::ResourceExhausted, msg, md)
+}
+
 impl From<AgentError> for Status {
     fn from(e: AgentError) -> Self {
         let msg = e.to_string();
         match e {
+            AgentError::QueueFull { retry_after, .. }
+            | AgentError::Evicted { retry_after, .. }
+            | AgentError::RateLimited { retry_after, .. } => shed(msg, retry_after),
             AgentError::UnknownModel(_) => Status::not_found(msg),
             // UNAVAILABLE tells clients to retry on another node at once.
             AgentError::NoReadyWorker(_)
             | AgentError::ShuttingDown
             | AgentError::WorkerUnreachable { .. } => Status::unavailable(msg),
-            AgentError::QueueFull { .. }
-            | AgentError::MessageTooLarge { .. }
-            | AgentError::ReceiveBudget => Status::resource_exhausted(msg),
+            AgentError::MessageTooLarge { .. } | AgentError::ReceiveBudget => {
+                Status::resource_exhausted(msg)
+            }
             AgentError::DeadlineInQueue(_) => Status::deadline_exceeded(msg),
             AgentError::InvalidRequest(_)
             | AgentError::BadRequest(_)
@@ -138,5 +178,29 @@ mod tests {
         assert!(e.ends_with('…'));
         let status: Status = AgentError::UnknownModel(echo(&long)).into();
         assert!(status.message().len() < 200);
+    }
+
+    #[test]
+    fn shed_requests_carry_a_retry_hint() {
+        for e in [
+            AgentError::QueueFull {
+                model: "m".into(),
+                capacity: 4,
+                retry_after: Duration::from_millis(40),
+            },
+            AgentError::Evicted {
+                model: "m".into(),
+                retry_after: Duration::from_millis(40),
+            },
+            AgentError::RateLimited {
+                tenant: "t".into(),
+                rate: 25.0,
+                retry_after: Duration::from_millis(40),
+            },
+        ] {
+            let status: Status = e.into();
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            assert_eq!(status.metadata().get(RETRY_PUSHBACK).unwrap(), "40");
+        }
     }
 }

@@ -12,9 +12,10 @@
 //! (the one list; `tests/tests/layers.rs` fails when a module uses one of a
 //! higher layer or modules form a circle, and `scripts/import-graph.py`
 //! prints the table): foundation (config, TLS, errors), worker (state,
-//! inbox, the HTTP/2 client to a worker), dispatch (pool, capacity),
-//! metrics, supervision (supervisor, launching, health checks, GPU events),
-//! transports (shared memory, RDMA), serving (the OIP port, pass-through,
+//! inbox, the HTTP/2 client to a worker), dispatch (pool, capacity, the
+//! tenants' shares and priorities), metrics, supervision (supervisor,
+//! launching, health checks, GPU events), transports (shared memory,
+//! RDMA), serving (the OIP port, pass-through,
 //! the tonic service, streams, load reports, KServe HTTP, QUIC), admin
 //! (admin port, registry record), assembly ([`agent::run`]). The imports
 //! that still break the rule are listed in `layers.toml`'s `allow`, a list
@@ -61,6 +62,7 @@ pub mod shm;
 pub mod spawn;
 pub mod state;
 pub mod supervisor;
+pub mod tenant;
 pub mod tls;
 pub mod trace;
 pub mod upstream;

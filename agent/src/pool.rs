@@ -6,20 +6,25 @@
 //! hosting its model with the fewest requests in flight (ties broken by a
 //! rotating start). How many permits a worker has is its adaptive
 //! concurrency limit ([`crate::concurrency`]: learned from its latencies,
-//! at most its `max_inflight`), updated as its requests complete. When every such worker is full
-//! it waits in its model's FIFO queue, bounded by `queue.capacity`; a full
-//! queue is refused at once with RESOURCE_EXHAUSTED so the client retries
-//! elsewhere instead of waiting, and a request whose deadline passes in the
-//! queue gets DEADLINE_EXCEEDED. A model with no ready worker is never
-//! queued for: UNAVAILABLE at once, and queued requests are failed the
-//! moment the last worker for their model stops being routable.
+//! at most its `max_inflight`), updated as its requests complete. When
+//! every such worker is full (or its tenant may not take the free permit:
+//! [`crate::tenant`]) it waits in its model's queue, bounded by
+//! `queue.capacity`; a full queue is refused at once with
+//! RESOURCE_EXHAUSTED and a retry hint so the client retries elsewhere
+//! instead of waiting, and a request whose deadline passes in the queue
+//! gets DEADLINE_EXCEEDED. A model with no ready worker is never queued
+//! for: UNAVAILABLE at once, and queued requests are failed the moment the
+//! last worker for their model stops being routable.
 //!
 //! **Hand-off.** A finished request ([`Lease`] dropped) gives its permit
-//! directly to the oldest waiter that worker can serve (oldest across the
-//! queues of the models it hosts): one wake-up per completion, FIFO order,
-//! and newcomers cannot overtake queued requests — a new request only takes
-//! a free permit when nobody is queued for its model. All of it is one small
-//! critical section under one lock.
+//! directly to the best waiter that worker can serve: with one tenant (no
+//! `[[tenants]]`), the oldest across the queues of the models it hosts,
+//! Triton's request `priority` first; with several, in the order of
+//! [`crate::tenant`] (below their share first, then tenant priority,
+//! request priority, arrival). One wake-up per completion, and newcomers
+//! cannot overtake queued requests — a new request only takes a free
+//! permit when nobody is queued for its model. All of it is one small
+//! critical section under one lock ([`sched`]).
 //!
 //! Routability comes from the workers' snapshots: the supervisor publishes,
 //! then calls [`Pool::worker_changed`], which copies what dispatch needs
@@ -45,6 +50,11 @@ use crate::config::Weight;
 use crate::error::AgentError;
 use crate::models::{ModelId, Models};
 use crate::state::{Process, Worker};
+use crate::tenant::{Book, TenantStats, Tenants, request_level};
+
+mod sched;
+
+use sched::{Pick, Sched, Slot, Waiter};
 
 /// How old the slow figures of a response's load report may be
 /// ([`Pool::report`]): one bucket of the busy window.
@@ -75,55 +85,6 @@ pub struct Pool {
     orca: AtomicBool,
 }
 
-#[derive(Debug)]
-struct Sched {
-    slots: Vec<Slot>,
-    /// One FIFO per model id.
-    queues: Vec<VecDeque<Waiter>>,
-    queued: usize,
-    in_flight: u64,
-    busy: BusyWindow,
-    /// Requests completed per second (ORCA's `rps_fractional`).
-    completions: RateWindow,
-    /// The last [`Pool::report`] snapshot and when it was taken.
-    snapshot: Option<(Instant, LoadReport, f64)>,
-    next_seq: u64,
-    cursor: usize,
-    routable: usize,
-    closed: bool,
-}
-
-/// What dispatch knows of one worker (copied from its snapshot).
-#[derive(Debug)]
-struct Slot {
-    routable: bool,
-    models: Vec<ModelId>,
-    process: Option<Arc<Process>>,
-    in_flight: usize,
-    requests: u64,
-    /// How many permits it has: learned, at most `max_inflight`; and the
-    /// capacity that follows.
-    limiter: Limiter,
-    /// Health factor of the worker's GPU and the host (`capacity`).
-    health: f64,
-    /// Requests outstanding and answered, for the stall watchdog.
-    progress: ProgressMeter,
-}
-
-#[derive(Debug)]
-struct Waiter {
-    seq: u64,
-    /// Only a permit of this worker will do (a stream pinned to it).
-    pin: Option<usize>,
-    tx: oneshot::Sender<Result<Lease, AgentError>>,
-}
-
-enum Pick {
-    Got(usize),
-    AllBusy,
-    NoneReady,
-}
-
 fn lock(m: &Mutex<Sched>) -> MutexGuard<'_, Sched> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -143,11 +104,22 @@ fn watchdog_clock(now: Instant) -> Instant {
 
 impl Pool {
     /// A pool over `workers` (each knowing its index), advertising `weight`
-    /// (a number when all are ready, or the live capacity).
+    /// (a number when all are ready, or the live capacity); every model
+    /// belongs to one tenant with the whole node (plain FIFO).
     pub fn new(
         workers: Vec<Arc<Worker>>,
         weight: impl Into<Weight>,
         queue_capacity: usize,
+    ) -> Arc<Self> {
+        Self::with_tenants(workers, weight, queue_capacity, Tenants::default())
+    }
+
+    /// A pool whose models belong to `tenants` (see [`crate::tenant`]).
+    pub fn with_tenants(
+        workers: Vec<Arc<Worker>>,
+        weight: impl Into<Weight>,
+        queue_capacity: usize,
+        tenants: Tenants,
     ) -> Arc<Self> {
         let slots = workers
             .iter()
@@ -170,6 +142,8 @@ impl Pool {
             sched: Mutex::new(Sched {
                 slots,
                 queues: Vec::new(),
+                model_tenant: Vec::new(),
+                book: Book::new(tenants),
                 queued: 0,
                 in_flight: 0,
                 busy: BusyWindow::default(),
@@ -220,29 +194,55 @@ impl Pool {
         pin: Option<usize>,
         deadline: Option<Instant>,
     ) -> Result<Lease, AgentError> {
+        self.acquire_prioritized(model, pin, deadline, None).await
+    }
+
+    /// [`Pool::acquire`] for a request with Triton's `priority` parameter
+    /// (1 first; `None` or 0: its tenant's `default_request_priority`),
+    /// its tenant's rate and share applied ([`crate::tenant`]).
+    pub async fn acquire_prioritized(
+        self: &Arc<Self>,
+        model: ModelId,
+        pin: Option<usize>,
+        deadline: Option<Instant>,
+        priority: Option<u64>,
+    ) -> Result<Lease, AgentError> {
         let (seq, rx) = {
             let mut s = lock(&self.sched);
             if s.closed {
                 return Err(AgentError::ShuttingDown);
             }
-            let pick = s.pick(model, pin);
-            let nobody_waits = s.queues.get(model.index()).is_none_or(VecDeque::is_empty);
-            match pick {
-                Pick::Got(w) if nobody_waits => return Ok(s.lease(self, w, model)),
-                Pick::NoneReady => return Err(self.no_ready_worker(model)),
-                Pick::Got(_) | Pick::AllBusy => {}
+            let now = watchdog_clock(Instant::now());
+            let t = s.tenant(model);
+            let pick = s.pick(model, pin, t, now);
+            if let Pick::NoneReady = pick {
+                return Err(self.no_ready_worker(model));
             }
-            if s.queues[model.index()].len() >= self.queue_capacity {
-                return Err(AgentError::QueueFull {
-                    model: self.models.name(model).to_string(),
-                    capacity: self.queue_capacity,
+            if let Err(retry_after) = s.book.arrive(t, now) {
+                let spec = s.book.tenants().spec(t);
+                return Err(AgentError::RateLimited {
+                    tenant: spec.name.clone(),
+                    rate: spec.rate.unwrap_or_default(),
+                    retry_after,
                 });
+            }
+            let nobody_waits = s.queues.get(model.index()).is_none_or(VecDeque::is_empty);
+            if let Pick::Got(w) = pick {
+                if nobody_waits {
+                    return Ok(s.lease(self, w, model));
+                }
             }
             let (tx, rx) = oneshot::channel();
             let seq = s.next_seq;
             s.next_seq += 1;
-            s.queues[model.index()].push_back(Waiter { seq, pin, tx });
-            s.queued += 1;
+            let default = s.book.tenants().spec(t).default_request_priority;
+            let waiter = Waiter {
+                seq,
+                level: request_level(priority, default),
+                pin,
+                tx,
+            };
+            s.enqueue(self, model, self.queue_capacity, waiter)?;
             // A permit may be free on a worker the queue's head cannot use
             // (pinned elsewhere): hand out what can be handed out.
             if let Pick::Got(w) = pick {
@@ -294,6 +294,13 @@ impl Pool {
             if s.queues.len() < max {
                 s.queues.resize_with(max, VecDeque::new);
             }
+            if s.model_tenant.len() < max {
+                let start = s.model_tenant.len();
+                let owners: Vec<usize> = (start..max)
+                    .map(|i| s.book.tenants().of(&self.models.name(ModelId(i as u32))))
+                    .collect();
+                s.model_tenant.extend(owners);
+            }
         }
         let slot = &mut s.slots[index];
         let was = slot.routable;
@@ -329,7 +336,16 @@ impl Pool {
             let mut s = lock(&self.sched);
             s.closed = true;
             s.queued = 0;
-            s.queues.iter_mut().flat_map(|q| q.drain(..)).collect()
+            let mut all = Vec::new();
+            for m in 0..s.queues.len() {
+                let t = s.tenant(ModelId(m as u32));
+                let q = std::mem::take(&mut s.queues[m]);
+                for w in q {
+                    s.book.waiting(t, false);
+                    all.push(w);
+                }
+            }
+            all
         };
         for w in waiters {
             let _ = w.tx.send(Err(AgentError::ShuttingDown));
@@ -339,11 +355,13 @@ impl Pool {
     fn release(
         self: &Arc<Self>,
         worker: usize,
+        tenant: usize,
         dispatch: Dispatch,
         served: bool,
         answered: Option<Instant>,
     ) {
         let mut s = lock(&self.sched);
+        s.book.released(tenant);
         let slot = &mut s.slots[worker];
         slot.in_flight -= 1;
         slot.requests += 1;
@@ -369,9 +387,33 @@ impl Pool {
                 .answered(at, at.saturating_duration_since(started)),
             None => slot.progress.abandoned(at),
         }
-        if slot.routable {
-            s.hand_off(self, worker);
+        let routable = slot.routable;
+        if s.book.tenants().trivial() {
+            if routable {
+                s.hand_off(self, worker);
+            }
+        } else {
+            s.hand_off_all(self);
         }
+    }
+
+    /// Each tenant's name and counts (admitted, shed, in flight, queued).
+    pub fn tenant_stats(&self) -> Vec<(String, TenantStats)> {
+        let s = lock(&self.sched);
+        let tenants = s.book.tenants();
+        s.book
+            .stats()
+            .into_iter()
+            .enumerate()
+            .map(|(t, st)| (tenants.spec(t).name.clone(), st))
+            .collect()
+    }
+
+    /// The tenant owning `model` (its index in the configured list).
+    pub fn tenant_of(&self, model: &str) -> String {
+        let s = lock(&self.sched);
+        let tenants = s.book.tenants();
+        tenants.spec(tenants.of(model)).name.clone()
     }
 
     /// Whether a GPU fault quarantined any worker (the node is degraded).
@@ -632,125 +674,6 @@ impl Pool {
     }
 }
 
-impl Sched {
-    /// The least-loaded routable worker hosting `model` with a free permit.
-    fn pick(&mut self, model: ModelId, pin: Option<usize>) -> Pick {
-        let n = self.slots.len();
-        let offset = self.cursor;
-        self.cursor = self.cursor.wrapping_add(1);
-        let mut best: Option<(usize, usize)> = None;
-        let mut hosted = false;
-        for k in 0..n {
-            let i = (offset + k) % n.max(1);
-            let slot = &self.slots[i];
-            if !slot.routable || !slot.models.contains(&model) || pin.is_some_and(|p| p != i) {
-                continue;
-            }
-            hosted = true;
-            if slot.in_flight < slot.limiter.limit()
-                && best.is_none_or(|(_, load)| slot.in_flight < load)
-            {
-                best = Some((i, slot.in_flight));
-            }
-        }
-        match (best, hosted) {
-            (Some((i, _)), _) => Pick::Got(i),
-            (None, true) => Pick::AllBusy,
-            (None, false) => Pick::NoneReady,
-        }
-    }
-
-    fn lease(&mut self, pool: &Arc<Pool>, worker: usize, model: ModelId) -> Lease {
-        let slot = &mut self.slots[worker];
-        slot.in_flight += 1;
-        let started = watchdog_clock(Instant::now());
-        let dispatch = slot.limiter.start(started);
-        slot.progress.dispatched(started);
-        Lease {
-            pool: Arc::clone(pool),
-            worker,
-            model,
-            process: Arc::clone(
-                slot.process
-                    .as_ref()
-                    .expect("routable slots have a process"),
-            ),
-            armed: true,
-            served: false,
-            answered: false,
-            started,
-            dispatch,
-        }
-    }
-
-    /// Gives `worker`'s free permits to the oldest waiters it can serve.
-    fn hand_off(&mut self, pool: &Arc<Pool>, worker: usize) {
-        loop {
-            let slot = &self.slots[worker];
-            if !slot.routable || slot.in_flight >= slot.limiter.limit() {
-                return;
-            }
-            let oldest = slot
-                .models
-                .iter()
-                .filter_map(|m| {
-                    let q = self.queues.get(m.index())?;
-                    let at = q.iter().position(|w| w.pin.is_none_or(|p| p == worker))?;
-                    Some((q[at].seq, *m, at))
-                })
-                .min();
-            let Some((_, model, at)) = oldest else { return };
-            let waiter = self.queues[model.index()]
-                .remove(at)
-                .expect("position is in the queue");
-            self.queued -= 1;
-            let lease = self.lease(pool, worker, model);
-            if let Err(Ok(mut lease)) = waiter.tx.send(Ok(lease)) {
-                // The waiter gave up just now: take the permit back without
-                // re-entering this lock, and try the next one.
-                lease.armed = false;
-                let slot = &mut self.slots[worker];
-                slot.in_flight -= 1;
-                let now = watchdog_clock(Instant::now());
-                slot.limiter.finish(now, lease.dispatch, false);
-                slot.progress.abandoned(now);
-            }
-        }
-    }
-
-    /// After `worker` stopped being routable: fails queued requests that no
-    /// routable worker can serve any more.
-    fn fail_stranded(&mut self, pool: &Pool, worker: usize) {
-        for m in self.slots[worker].models.clone() {
-            let served = self
-                .slots
-                .iter()
-                .any(|sl| sl.routable && sl.models.contains(&m));
-            let q = &mut self.queues[m.index()];
-            let stranded: Vec<Waiter> = if served {
-                // Only those pinned to this worker.
-                let mut pinned = Vec::new();
-                let mut rest = VecDeque::with_capacity(q.len());
-                for w in q.drain(..) {
-                    if w.pin == Some(worker) {
-                        pinned.push(w);
-                    } else {
-                        rest.push_back(w);
-                    }
-                }
-                *q = rest;
-                pinned
-            } else {
-                q.drain(..).collect()
-            };
-            self.queued -= stranded.len();
-            for w in stranded {
-                let _ = w.tx.send(Err(pool.no_ready_worker(m)));
-            }
-        }
-    }
-}
-
 /// One worker's concurrency limit as [`Pool::worker_limits`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WorkerLimit {
@@ -796,11 +719,7 @@ struct QueueSpot<'a> {
 impl Drop for QueueSpot<'_> {
     fn drop(&mut self) {
         let mut s = lock(&self.pool.sched);
-        let q = &mut s.queues[self.model.index()];
-        if let Some(at) = q.iter().position(|w| w.seq == self.seq) {
-            q.remove(at);
-            s.queued -= 1;
-        }
+        s.leave(self.model, self.seq);
         drop(s);
         // A permit handed over after the deadline fired is given back when
         // `rx` (and the lease in it) drops, after the lock is released.
@@ -814,6 +733,8 @@ pub struct Lease {
     pool: Arc<Pool>,
     worker: usize,
     model: ModelId,
+    /// The model's tenant.
+    tenant: usize,
     process: Arc<Process>,
     /// False for a lease taken back inside the pool's lock.
     armed: bool,
@@ -862,11 +783,18 @@ impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
             let answered = self.answered.then_some(self.started);
-            self.pool
-                .release(self.worker, self.dispatch, self.served, answered);
+            self.pool.release(
+                self.worker,
+                self.tenant,
+                self.dispatch,
+                self.served,
+                answered,
+            );
         }
     }
 }
 
+#[cfg(test)]
+mod tenant_tests;
 #[cfg(test)]
 mod tests;

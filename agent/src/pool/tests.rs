@@ -10,12 +10,12 @@ use crate::config::WorkerSpec;
 use crate::state::{WorkerDriver, WorkerSnapshot};
 use crate::upstream::Upstream;
 
-struct Fixture {
-    pool: Arc<Pool>,
-    drivers: Vec<WorkerDriver>,
+pub(super) struct Fixture {
+    pub(super) pool: Arc<Pool>,
+    pub(super) drivers: Vec<WorkerDriver>,
 }
 
-fn spec(id: &str, models: &[&str], max_inflight: usize) -> WorkerSpec {
+pub(super) fn spec(id: &str, models: &[&str], max_inflight: usize) -> WorkerSpec {
     WorkerSpec {
         id: id.into(),
         command: "x".into(),
@@ -47,7 +47,7 @@ fn fixture(workers_spec: &[(&str, &[&str], usize)], queue: usize) -> Fixture {
 
 impl Fixture {
     /// Publishes worker `i` as routable or not, as its supervisor would.
-    fn set_routable(&self, i: usize, routable: bool) {
+    pub(super) fn set_routable(&self, i: usize, routable: bool) {
         let address = "127.0.0.1:9".parse().unwrap();
         let process = Arc::new(Process {
             pid: 1000 + i as u32,
@@ -71,11 +71,11 @@ impl Fixture {
         self.pool.worker_changed(i);
     }
 
-    fn model(&self, name: &str) -> ModelId {
+    pub(super) fn model(&self, name: &str) -> ModelId {
         self.pool.models().id(name).unwrap()
     }
 
-    fn in_flight(&self, i: usize) -> usize {
+    pub(super) fn in_flight(&self, i: usize) -> usize {
         self.pool.worker_load(i).0
     }
 
@@ -91,10 +91,16 @@ impl Fixture {
         tokio::spawn(async move { pool.acquire(m, None, deadline).await })
     }
 
-    async fn until_queued(&self, n: u64) {
-        while self.pool.load().queued != n {
+    /// Lets the spawned requests run until `n` wait in the queue; fails the
+    /// test if they never do (they were served or refused instead).
+    pub(super) async fn until_queued(&self, n: u64) {
+        for _ in 0..10_000 {
+            if self.pool.load().queued == n {
+                return;
+            }
             tokio::task::yield_now().await;
         }
+        panic!("{} queued, never {n}", self.pool.load().queued);
     }
 }
 
