@@ -51,6 +51,7 @@ use crate::shm::{self, ShmState};
 use crate::spawn::ProcessLauncher;
 use crate::state::Worker;
 use crate::supervisor::{self, Context};
+use crate::tenant::Tenants;
 
 /// How long the registry may take to confirm the record's deletion.
 const DEREGISTER_WAIT: Duration = Duration::from_secs(3);
@@ -285,7 +286,12 @@ impl Agent {
             .enumerate()
             .map(|(i, spec)| Worker::new(spec, i))
             .unzip();
-        let pool = Pool::new(workers, cfg.weight, cfg.queue_capacity);
+        let pool = Pool::with_tenants(
+            workers,
+            cfg.weight,
+            cfg.queue_capacity,
+            Tenants::new(cfg.tenants.clone()),
+        );
         pool.set_orca(cfg.orca);
         let metrics = Arc::new(Metrics::new());
         let patterns = Arc::new(cfg.fault_patterns.clone());

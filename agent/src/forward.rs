@@ -237,9 +237,13 @@ impl InferPath {
             _ => validate_request(&req, &meta),
         }
         .map_err(AgentError::from)?;
+        let priority = crate::tenant::request_priority(&req.parameters)?;
         drop(req);
         refuse_backlogged(parts)?;
-        let lease = self.pool.acquire(id, None, deadline).await?;
+        let lease = self
+            .pool
+            .acquire_prioritized(id, None, deadline, priority)
+            .await?;
         // Checked again: the client may have stopped reading while this
         // request queued.
         refuse_backlogged(parts)?;

@@ -97,7 +97,11 @@ impl Front {
         if !with_shm {
             validate_request(req, meta).map_err(AgentError::from)?;
         }
-        let mut lease = self.pool.acquire(model, None, deadline).await?;
+        let priority = crate::tenant::request_priority(&req.parameters)?;
+        let mut lease = self
+            .pool
+            .acquire_prioritized(model, None, deadline, priority)
+            .await?;
         let process = Arc::clone(lease.process());
         let (prepared, path) = if with_shm {
             let p = shm::prepare(&self.shm, owner, lease.worker(), &process, req).await?;

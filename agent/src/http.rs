@@ -300,6 +300,20 @@ fn parse_request(
         ..Default::default()
     };
     let params = doc.get("parameters").and_then(Value::as_object);
+    // Triton's request priority (a number; checked where it is read).
+    if let Some(p) = params.and_then(|p| p.get(crate::tenant::priority::PRIORITY)) {
+        let choice = match (p.as_u64(), p.as_i64()) {
+            (Some(v), _) => infer_parameter::ParameterChoice::Uint64Param(v),
+            (None, Some(v)) => infer_parameter::ParameterChoice::Int64Param(v),
+            _ => return Err(bad("parameters.priority must be a non-negative integer")),
+        };
+        request.parameters.insert(
+            crate::tenant::priority::PRIORITY.to_string(),
+            InferParameter {
+                parameter_choice: Some(choice),
+            },
+        );
+    }
     let all_binary = params
         .and_then(|p| p.get("binary_data_output"))
         .and_then(Value::as_bool)

@@ -219,7 +219,11 @@ async fn admit(
         let meta = meta.ok_or_else(|| front.pool.unavailable_reason(&msg.model_name))?;
         validate_request(&msg, &meta).map_err(AgentError::from)?;
     }
-    let lease = front.pool.acquire(model, worker, deadline).await?;
+    let priority = crate::tenant::request_priority(&msg.parameters)?;
+    let lease = front
+        .pool
+        .acquire_prioritized(model, worker, deadline, priority)
+        .await?;
     let outputs = prepare(front, owner, &lease, &mut msg).await?;
     Ok((msg, InFlight { lease, outputs }))
 }
