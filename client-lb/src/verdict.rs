@@ -170,6 +170,15 @@ mod tests {
         let (outcome, verdict) = classify(from_agent(Status::resource_exhausted("full")));
         assert_eq!(outcome, Outcome::Neutral);
         assert!(is_retry(&verdict));
+        // A request the agent shed for its tenant's rate or priority: the
+        // same, whatever retry hint (gRPC's pushback) it carries.
+        let mut shed =
+            Status::resource_exhausted("shed for a higher-priority one; retry elsewhere");
+        shed.metadata_mut()
+            .insert("grpc-retry-pushback-ms", "40".parse().unwrap());
+        let (outcome, verdict) = classify(from_agent(shed));
+        assert_eq!(outcome, Outcome::Neutral);
+        assert!(is_retry(&verdict));
         let (_, verdict) = classify(from_agent(Status::not_found("no model")));
         assert!(matches!(verdict, Verdict::ModelMissing(_)));
         let (outcome, verdict) = classify(from_agent(Status::deadline_exceeded("late")));
