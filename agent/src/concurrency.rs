@@ -63,6 +63,21 @@
 //! re-measured the baseline (and the first window after a probe is always
 //! folded, so a real change of parallelism cannot start a probe loop).
 //!
+//! **Latency that is not queueing.** `p` counts all latency above the
+//! baseline as requests waiting inside the worker. Latency added outside
+//! it — an agent starved of CPU reading answers late, a slower network —
+//! holds each permit longer than the worker's slot, so `p` falls below
+//! the concurrency, the limit follows, the worker is underfed, and the
+//! next window reads less still: a spiral (on one core a 4 × 4 ms worker
+//! went to limit 2 and served a quarter of its slots). A fold that would
+//! take the concurrency below [`DROP`] of its value when the baseline was
+//! last measured re-measures the baseline first (at most every
+//! [`PROBE_GAP`]); a baseline more than [`TOLERANCE`] slower means the
+//! requests got slower, not the worker narrower: it is taken, the
+//! concurrency goes back to that value, and the limit grows to cover the
+//! delay. A worker that really narrowed shows the same baseline, and the
+//! next windows cut.
+//!
 //! See docs/DECISIONS.md ("Adaptive concurrency") for the sources and the
 //! measured behaviour.
 
@@ -118,6 +133,10 @@ pub const ROUTINE_STEP: f64 = 1.5;
 /// Least time between probes started by a latency jump.
 pub const PROBE_GAP: Duration = Duration::from_secs(5);
 
+/// A fold that would take the concurrency below this share of what it was
+/// when the baseline was last measured re-measures the baseline first.
+pub const DROP: f64 = 0.7;
+
 /// A request's place in the limiter's accounting, from dispatch to answer.
 #[derive(Debug, Clone, Copy)]
 pub struct Dispatch {
@@ -139,9 +158,21 @@ enum Mode {
         samples: u32,
         sum: f64,
         then: Then,
-        /// Started by a latency jump (not routine).
-        jump: bool,
+        /// What started it.
+        why: Why,
     },
+}
+
+/// Why a probe runs, which decides what its result changes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Why {
+    /// Periodic, or the first baseline: the throughput is assumed to hold.
+    Routine,
+    /// A window's latency was [`JUMP`] times off: the service time changed.
+    Jump,
+    /// A fold would have cut the concurrency below [`DROP`] of this, its
+    /// value when the baseline was last measured.
+    Drop(f64),
 }
 
 /// Where a probe returns to.
@@ -176,6 +207,9 @@ pub struct Limiter {
     since: Option<Instant>,
     window: Window,
     dispatches: u64,
+    /// The concurrency when the baseline was last measured (a probe ended,
+    /// slow start learned it, or a hint gave it).
+    reference: Option<f64>,
     /// Skip the jump check on the next window (a fresh baseline).
     fresh: bool,
     last_probe: Option<Instant>,
@@ -201,6 +235,7 @@ impl Limiter {
             since: None,
             window: Window::default(),
             dispatches: 0,
+            reference: None,
             fresh: true,
             last_probe: None,
             next_probe: None,
@@ -219,6 +254,7 @@ impl Limiter {
         }
         let c = parallelism.min(self.max) as f64;
         self.concurrency = Some(c);
+        self.reference = Some(c);
         match &mut self.mode {
             Mode::Probe { then, .. } => *then = Then::Steady,
             mode => {
@@ -301,20 +337,20 @@ impl Limiter {
             samples,
             sum,
             then,
-            jump,
+            why,
         } = &mut self.mode
         {
             if solo {
                 *samples += 1;
                 *sum += latency;
             }
-            let (since, samples, sum, then, jump) = (*since, *samples, *sum, *then, *jump);
+            let (since, samples, sum, then, why) = (*since, *samples, *sum, *then, *why);
             let held = now.saturating_duration_since(since);
             if samples >= PROBE_SAMPLES
                 || (samples > 0 && held >= PROBE_MAX)
                 || held >= PROBE_GIVE_UP
             {
-                self.end_probe(now, samples, sum, then, jump);
+                self.end_probe(now, samples, sum, then, why);
             }
             return;
         }
@@ -348,7 +384,7 @@ impl Limiter {
         self.since = Some(now);
         self.window = Window::default();
         if let Mode::Probe { then, .. } = self.mode {
-            self.end_probe(now, 0, 0.0, then, false);
+            self.end_probe(now, 0, 0.0, then, Why::Routine);
         }
     }
 
@@ -375,7 +411,7 @@ impl Limiter {
         let Some(base) = self.unloaded else {
             // No request has run alone yet (a burst from the start): nothing
             // can be judged without the baseline, so measure it first.
-            self.begin_probe(now, false);
+            self.begin_probe(now, Why::Routine);
             return;
         };
         if secs <= 0.0 {
@@ -389,6 +425,9 @@ impl Limiter {
         let ratio = rtt / base;
         let bound = w.at_limit_secs / secs >= BOUND_SHARE;
         let fresh = std::mem::replace(&mut self.fresh, false);
+        let gap_ok = self
+            .last_probe
+            .is_none_or(|p| now.saturating_duration_since(p) >= PROBE_GAP);
         if !fresh {
             // In slow start the limit is at most twice a level that did not
             // queue, so its own overshoot at most doubles the latency.
@@ -397,13 +436,10 @@ impl Limiter {
                 _ => 1.0,
             };
             let off = ratio / expected;
-            let gap_ok = self
-                .last_probe
-                .is_none_or(|p| now.saturating_duration_since(p) >= PROBE_GAP);
             if !(1.0 / JUMP..=JUMP).contains(&off) && gap_ok {
                 // The baseline is stale (the worker got slower or faster):
                 // measure it again before folding anything in.
-                self.begin_probe(now, true);
+                self.begin_probe(now, Why::Jump);
                 return;
             }
         }
@@ -416,6 +452,7 @@ impl Limiter {
                 if queueing && (bound || n > c) {
                     // Past the worker's parallelism: `p` measures it.
                     self.concurrency = Some(p.max(1.0));
+                    self.reference = self.concurrency;
                     self.learned = true;
                     self.mode = Mode::Steady;
                     self.limit = self.target(p);
@@ -433,7 +470,7 @@ impl Limiter {
             }
             Mode::Steady => {
                 let c = self.concurrency.unwrap_or(p);
-                self.concurrency = Some(1f64.max(if bound && ratio <= 1.0 {
+                let next = 1f64.max(if bound && ratio <= 1.0 {
                     // The limit binds and nothing waits: there may be
                     // more parallelism; `p` (= n) is a lower bound.
                     c.max(p)
@@ -444,7 +481,21 @@ impl Limiter {
                     // Fewer asked than it serves at once: nothing to learn
                     // beyond a lower bound.
                     c.max(p)
-                }));
+                });
+                if let Some(r) = self
+                    .reference
+                    .filter(|&r| next < DROP * r && gap_ok && !fresh)
+                {
+                    // Latency the worker's slots do not explain reads as
+                    // requests waiting inside it. If it is not (an agent
+                    // starved of CPU answers late, a slower network), each
+                    // cut underfeeds the worker, the next window reads even
+                    // less, and the limit spirals down. Before a cut this
+                    // large, measure the baseline again.
+                    self.begin_probe(now, Why::Drop(r));
+                    return;
+                }
+                self.concurrency = Some(next);
                 if self.concurrency != Some(c) {
                     self.learned = true;
                 }
@@ -453,7 +504,7 @@ impl Limiter {
             Mode::Probe { .. } => {}
         }
         if !self.solo_since_probe && self.next_probe.is_some_and(|t| now >= t) {
-            self.begin_probe(now, false);
+            self.begin_probe(now, Why::Routine);
         }
     }
 
@@ -472,9 +523,8 @@ impl Limiter {
         ((c.round() + headroom) as usize).clamp(1, self.max)
     }
 
-    /// Starts measuring the unloaded latency; `jump` when a window's
-    /// latency was [`JUMP`] times off the prediction.
-    fn begin_probe(&mut self, now: Instant, jump: bool) {
+    /// Starts measuring the unloaded latency, for the reason `why`.
+    fn begin_probe(&mut self, now: Instant, why: Why) {
         let then = match self.mode {
             Mode::SlowStart => Then::SlowStart,
             Mode::Steady => Then::Steady,
@@ -485,7 +535,7 @@ impl Limiter {
             samples: 0,
             sum: 0.0,
             then,
-            jump,
+            why,
         };
         self.explored = self.limit;
         self.limit = 1;
@@ -501,11 +551,24 @@ impl Limiter {
     /// unloaded latency moves part of the way, and the concurrency, which
     /// is measured in its units, moves with it, so the capacity — their
     /// quotient — does not jump with the noise of a few samples.
-    fn end_probe(&mut self, now: Instant, samples: u32, sum: f64, then: Then, jump: bool) {
+    ///
+    /// A probe before a large cut ([`Why::Drop`]) decides between the two:
+    /// a baseline more than [`TOLERANCE`] slower means the requests got
+    /// slower, not the worker narrower — the new baseline is taken and the
+    /// concurrency goes back to what it was when the old one was measured;
+    /// otherwise it is routine, and the next windows make the cut.
+    fn end_probe(&mut self, now: Instant, samples: u32, sum: f64, then: Then, why: Why) {
         if samples > 0 {
             let probe = sum / f64::from(samples);
-            match self.unloaded {
-                Some(old) if !jump && old > 0.0 => {
+            let slower = self
+                .unloaded
+                .is_some_and(|old| probe > old * (1.0 + TOLERANCE));
+            match (self.unloaded, why) {
+                (_, Why::Drop(restore)) if slower => {
+                    self.unloaded = Some(probe);
+                    self.concurrency = Some(self.concurrency.map_or(restore, |c| c.max(restore)));
+                }
+                (Some(old), Why::Routine | Why::Drop(_)) if old > 0.0 => {
                     let new = (old + ROUTINE_GAIN * (probe - old))
                         .clamp(old / ROUTINE_STEP, old * ROUTINE_STEP);
                     if let Some(c) = self.concurrency {
@@ -516,6 +579,7 @@ impl Limiter {
                 _ => self.unloaded = Some(probe),
             }
         }
+        self.reference = self.concurrency;
         self.solo_since_probe = false;
         self.fresh = true;
         self.next_probe = Some(now + self.jittered(PROBE_INTERVAL));

@@ -18,6 +18,26 @@
 //! per second, and on a busy 2-core machine that share is not negligible
 //! next to 2 ms. Both the nominal ratios and the measured ones are printed.
 //!
+//! What is compared with that truth, and how closely (an honest tolerance
+//! rather than one a noisy machine breaks):
+//!
+//! - the weight each agent advertises *now* (its admin `Status`, the number
+//!   its trailers and ORCA reports carry), all three read together: within
+//!   ±30% of the true ratios. Under a starved CPU this once read 11.61 for a
+//!   true 7.49: the agents answered late, the limiter read the delay as
+//!   requests queueing inside the worker and cut the fast workers' limits
+//!   in a spiral (fixed in `agent/src/concurrency.rs`, "Adaptive
+//!   concurrency" in docs/DECISIONS.md; pinned to one core, this test read
+//!   limits of 2–3 for a 4-slot worker before, 5–9 after).
+//! - the weights in the registry records: each lags its agent's by up to
+//!   the publisher's hysteresis (`WEIGHT_HYSTERESIS`, 10%: records are not
+//!   rewritten for smaller moves), so a ratio of two records may be off by
+//!   a further 1.1 / 0.9 either way; that is their bound.
+//! - order: both faster nodes above the slowest, in the balanced phase and
+//!   saturated. Not the 4 ms node above the 10 ms one: where the CPU rather
+//!   than the workers bounds throughput they serve about the same (pinned
+//!   to one core: 179 and 169 requests/s), and no estimate can order a tie.
+//!
 //! `scripts/auto-weight.sh` compares the client's throughput on that fleet
 //! with auto weights against hand-set correct ones (BENCHMARKS.md).
 
@@ -25,6 +45,7 @@ use std::time::Instant;
 
 use infermesh_client::Client;
 use infermesh_proto::inference::ModelInferRequest;
+use infermesh_registry::publish::WEIGHT_HYSTERESIS;
 use infermesh_tests::zk::Zk;
 use infermesh_tests::{Agent, Load, dense, eventually, testworker};
 
@@ -103,12 +124,22 @@ async fn run_for(load: &Load, n: u64) {
     .await;
 }
 
+/// What each agent advertises now (its admin Status), in `SERVICE_MS`
+/// order, read one after another.
+async fn live(agents: &[Agent]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for a in agents {
+        out.push(a.status().await.weight);
+    }
+    out
+}
+
 /// Saturates every node at once, each with its own client (a static list
 /// of that node, 4 callers a slot), until the slowest has served
 /// `n` more requests: the requests per second each served is its capacity
-/// under the same conditions. Returns those and the weights the records
-/// advertise at the end.
-async fn saturate_each(agents: &[Agent], fleet: &Client, n: u64) -> (Vec<f64>, Vec<f64>) {
+/// under the same conditions. Returns those, the weights the agents
+/// advertise at the end, and the weights their records say.
+async fn saturate_each(agents: &[Agent], fleet: &Client, n: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let mut loads = Vec::new();
     for (a, slots) in agents.iter().zip(SLOTS) {
         let client = Client::builder()
@@ -130,11 +161,12 @@ async fn saturate_each(agents: &[Agent], fleet: &Client, n: u64) -> (Vec<f64>, V
         .zip(from)
         .map(|(l, f)| (l.sent() - f) as f64 / elapsed)
         .collect();
-    let weights = advertised(fleet);
+    let now = live(agents).await;
+    let records = advertised(fleet);
     for l in loads {
         assert_eq!(l.stop().await, 0, "no request failed");
     }
-    (rates, weights)
+    (rates, now, records)
 }
 
 #[tokio::test]
@@ -168,30 +200,44 @@ async fn auto_weights_order_by_real_capacity() {
         eprintln!("  {}: {:?}", node_id(ms), stats.get(&node_id(ms)));
     }
     assert!(
-        balanced[0] > balanced[1] && balanced[1] > balanced[2],
-        "weights order by capacity: {balanced:?}"
+        balanced[0] > balanced[2] && balanced[1] > balanced[2],
+        "the faster nodes weigh more than the slowest: {balanced:?}"
     );
 
     // The true capacities: every node saturated at once, under the same
     // conditions as one another; then what the records say.
-    let (truth, weights) = saturate_each(&agents, &client, 200).await;
+    let (truth, weights, records) = saturate_each(&agents, &client, 200).await;
     eprintln!(
-        "saturated: served {truth:.1?} req/s, advertised {weights:.1?} (nominal 1000, 400, 50)"
+        "saturated: served {truth:.1?} req/s, advertised {weights:.1?}, records {records:.1?} \
+         (nominal 1000, 400, 50)"
     );
-    assert!(
-        weights[0] > weights[1] && weights[1] > weights[2],
-        "weights order by capacity: {weights:?}"
-    );
+    for w in [&weights, &records] {
+        assert!(
+            w[0] > w[2] && w[1] > w[2],
+            "the faster nodes weigh more than the slowest: {w:?}"
+        );
+    }
+    let lag = (1.0 + WEIGHT_HYSTERESIS) / (1.0 - WEIGHT_HYSTERESIS);
     for (i, nominal) in [(0, 20), (1, 8)] {
         let true_ratio = truth[i] / truth[2];
         let advertised_ratio = weights[i] / weights[2];
+        let record_ratio = records[i] / records[2];
         eprintln!(
-            "{}/slowest: true {true_ratio:.2} (nominal {nominal}), advertised {advertised_ratio:.2}",
+            "{}/slowest: true {true_ratio:.2} (nominal {nominal}), advertised {advertised_ratio:.2}, \
+             records {record_ratio:.2}",
             node_id(SERVICE_MS[i])
         );
+        let off = advertised_ratio / true_ratio;
         assert!(
-            (advertised_ratio / true_ratio - 1.0).abs() <= 0.3,
+            (0.7..=1.3).contains(&off),
             "{}: advertised ratio {advertised_ratio:.2} within ±30% of the true {true_ratio:.2}",
+            node_id(SERVICE_MS[i])
+        );
+        let off = record_ratio / true_ratio;
+        assert!(
+            (0.7 / lag..=1.3 * lag).contains(&off),
+            "{}: the records' ratio {record_ratio:.2} within ±30% of the true {true_ratio:.2} \
+             and the records' lag",
             node_id(SERVICE_MS[i])
         );
     }
