@@ -6,6 +6,8 @@
 //! leaves out worker command lines and output lines, which may carry
 //! secrets (credentials in arguments, paths, data in logs).
 
+pub mod registry;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,14 +28,14 @@ use subtle::ConstantTimeEq;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::admin::registry::Phase;
 use crate::config::AdminToken;
-use crate::inbox::Control;
+use crate::dispatch::pool::Pool;
 use crate::metrics::Metrics;
-use crate::pool::Pool;
-use crate::procfs::ProcTable;
-use crate::registry::Phase;
-use crate::state::Worker;
-use crate::worker_log::HealthRecord;
+use crate::worker::inbox::Control;
+use crate::worker::procfs::ProcTable;
+use crate::worker::state::Worker;
+use crate::worker::worker_log::HealthRecord;
 
 /// Output lines per worker returned by Status.
 const STATUS_OUTPUT_LINES: usize = 20;
@@ -98,7 +100,7 @@ async fn metrics(axum::extract::State(s): axum::extract::State<AdminState>) -> i
         {
             s.metrics.record_gpus(&s.gpus.devices(), &s.gpus.sample());
             s.metrics.record_mig(&s.gpus.mig_devices());
-            let usage = crate::gpu::usage::per_worker(&*s.gpus, &*s.procs, &s.pool);
+            let usage = crate::metrics::gpu_usage::per_worker(&*s.gpus, &*s.procs, &s.pool);
             let named: Vec<_> = s
                 .pool
                 .workers()
@@ -128,7 +130,8 @@ impl AdminState {
     /// The Status answer; command lines and output only if `full`.
     pub fn status(&self, full: bool) -> StatusResponse {
         let load = self.pool.load();
-        let mut gpu_use = crate::gpu::usage::per_worker(&*self.gpus, &*self.procs, &self.pool);
+        let mut gpu_use =
+            crate::metrics::gpu_usage::per_worker(&*self.gpus, &*self.procs, &self.pool);
         let parents = crate::config::slice::parents(
             self.pool.workers().iter().map(|w| w.spec.gpu.as_ref()),
             &*self.gpus,

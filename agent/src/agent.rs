@@ -33,25 +33,25 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
 
-use crate::accept::BoundedListener;
+use crate::admin::registry::{self, Advertised, Phase};
 use crate::admin::{self, AdminState};
 use crate::config::{self, AgentConfig, limits};
-use crate::conn::OnClose;
-use crate::forward::{BodyLimits, InferPath};
-use crate::front::Front;
-use crate::gpu;
-use crate::grpc_health::GrpcHealth;
-use crate::launch::Launcher;
+use crate::dispatch::pool::Pool;
+use crate::dispatch::tenant::Tenants;
 use crate::metrics::Metrics;
-use crate::pool::Pool;
-use crate::rdma::{RdmaPeers, RdmaService};
-use crate::registry::{self, Advertised, Phase};
-use crate::server::{self, Oip, ServerLimits, Shutdown};
-use crate::shm::{self, ShmState};
-use crate::spawn::ProcessLauncher;
-use crate::state::Worker;
-use crate::supervisor::{self, Context};
-use crate::tenant::Tenants;
+use crate::serving::accept::BoundedListener;
+use crate::serving::forward::{BodyLimits, InferPath};
+use crate::serving::front::Front;
+use crate::serving::grpc_health::GrpcHealth;
+use crate::serving::server::{self, Oip, ServerLimits, Shutdown};
+use crate::supervision::gpu;
+use crate::supervision::launch::Launcher;
+use crate::supervision::spawn::ProcessLauncher;
+use crate::supervision::supervisor::{self, Context};
+use crate::transports::conn::OnClose;
+use crate::transports::rdma::{RdmaPeers, RdmaService};
+use crate::transports::shm::{self, ShmState};
+use crate::worker::state::Worker;
 
 /// How long the registry may take to confirm the record's deletion.
 const DEREGISTER_WAIT: Duration = Duration::from_secs(3);
@@ -244,7 +244,7 @@ impl Agent {
             Some(a) => Some(bind(a, "probes").await?),
             None => None,
         };
-        let quic_limits = crate::quic::QuicLimits {
+        let quic_limits = crate::serving::quic::QuicLimits {
             max_connections: cfg.limits.max_connections,
             max_streams: cfg.limits.max_concurrent_streams,
             max_message_bytes: cfg.max_message_bytes,
@@ -255,10 +255,12 @@ impl Agent {
             (Some(at), Some(t)) => {
                 let addr = at.unwrap_or_else(|| oip_listener.local_addr().unwrap_or(cfg.listen));
                 Some(
-                    crate::quic::bind(addr, t, &quic_limits).map_err(|source| RunError::Bind {
-                        addr,
-                        what: "QUIC (UDP)",
-                        source,
+                    crate::serving::quic::bind(addr, t, &quic_limits).map_err(|source| {
+                        RunError::Bind {
+                            addr,
+                            what: "QUIC (UDP)",
+                            source,
+                        }
                     })?,
                 )
             }
@@ -303,8 +305,9 @@ impl Agent {
             tracing::error!("{problem}");
         }
         let kernel_log: Arc<dyn KernelLog> = infermesh_gpu::open_kernel_log(gpus.backend());
-        let procs: Arc<dyn crate::procfs::ProcTable> = Arc::new(crate::procfs::Procfs::default());
-        let rdma = crate::rdma::open(cfg.rdma)
+        let procs: Arc<dyn crate::worker::procfs::ProcTable> =
+            Arc::new(crate::worker::procfs::Procfs::default());
+        let rdma = crate::transports::rdma::open(cfg.rdma)
             .await
             .map_err(RunError::Rdma)?
             .map(|engine| Arc::new(RdmaPeers::new(engine, cfg.max_message_bytes)));
@@ -360,7 +363,7 @@ impl Agent {
             });
         }
         if cfg.weight == config::Weight::Auto {
-            let task = crate::capacity_task::run(Arc::clone(&gpus), Arc::clone(&pool));
+            let task = crate::supervision::capacity_task::run(Arc::clone(&gpus), Arc::clone(&pool));
             let stop = stop_background.clone();
             background.spawn(async move {
                 tokio::select! {
@@ -494,7 +497,7 @@ impl Agent {
             background.spawn(async move { t.watch(every, stop).await });
         }
         if let Some(endpoint) = quic_endpoint {
-            requests.spawn(crate::quic::serve(
+            requests.spawn(crate::serving::quic::serve(
                 endpoint,
                 oip.infer.clone(),
                 Arc::clone(&pool),
@@ -548,17 +551,17 @@ impl Agent {
             }
         }
         if let Some(listener) = http_listener {
-            let app = crate::http::router(
+            let app = crate::serving::http::router(
                 front.clone(),
                 cfg.max_message_bytes,
                 cfg.limits.call_timeout,
             );
             // Bounded as the OIP port is, with the same `[limits]`.
-            background.spawn(crate::http::port::serve(
+            background.spawn(crate::serving::http::port::serve(
                 BoundedListener::new(listener, server_limits.max_connections, "KServe HTTP"),
                 tls.as_ref().map(|t| t.http.clone()),
                 app,
-                crate::http::port::PortLimits {
+                crate::serving::http::port::PortLimits {
                     handshake_timeout: l.handshake_timeout,
                     idle_timeout: l.idle_timeout,
                 },

@@ -351,7 +351,7 @@ impl FromStr for RawWeight {
 /// pinned to a number (× the share of workers ready).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Weight {
-    /// Estimated from what the workers serve ([`crate::capacity`]).
+    /// Estimated from what the workers serve ([`crate::dispatch::capacity`]).
     Auto,
     /// The operator's number.
     Fixed(f64),
@@ -438,7 +438,7 @@ pub struct AgentConfig {
     /// for the OIP address.
     pub quic: Option<Option<SocketAddr>>,
     /// The `infermesh` binary to start workers through (see
-    /// [`crate::launch`]); set by the CLI, not read from the file.
+    /// [`crate::supervision::launch`]); set by the CLI, not read from the file.
     pub worker_shim: Option<PathBuf>,
 }
 

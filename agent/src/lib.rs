@@ -4,70 +4,56 @@
 //! them with the Open Inference Protocol (KServe v2 / Triton gRPC) on its own
 //! address, and exposes metrics and an admin API. Clients — `tritonclient`,
 //! `infermesh-client`, anything speaking OIP — call the agent as they would
-//! call Triton.
+//! call Triton. docs/ARCHITECTURE.md follows a request from arriving to a
+//! worker answering, folder by folder.
 //!
 //! ## Layers
 //!
-//! Modules form layers, listed bottom first in the workspace's `layers.toml`
-//! (the one list; `tests/tests/layers.rs` fails when a module uses one of a
-//! higher layer or modules form a circle, and `scripts/import-graph.py`
-//! prints the table): foundation (config, TLS, errors), worker (state,
-//! inbox, the HTTP/2 client to a worker), dispatch (pool, capacity, the
-//! tenants' shares and priorities), metrics, supervision (supervisor,
-//! launching, health checks, GPU events), transports (shared memory,
-//! RDMA), serving (the OIP port, pass-through,
-//! the tonic service, streams, load reports, KServe HTTP, QUIC), admin
-//! (admin port, registry record), assembly ([`agent::run`]). The imports
-//! that still break the rule are listed in `layers.toml`'s `allow`, a list
-//! that only shrinks.
+//! Each folder is a layer, and a module uses only modules of its own layer
+//! and of the layers below, with no circles (the list is the workspace's
+//! `layers.toml`; `tests/tests/layers.rs` enforces it and
+//! `scripts/import-graph.py` prints it). Bottom first:
 //!
-//! `unsafe` is denied everywhere except [`pdeathsig`], which registers the
-//! parent-death signal between `fork` and `exec`.
+//! 1. the crate-wide pieces: [`config`] (TOML and flags, checked), [`tls`],
+//!    [`error`] (the one place errors become gRPC statuses), [`trace`];
+//! 2. [`worker`]: one worker as the rest of the agent sees it, and the
+//!    HTTP/2 client to its process;
+//! 3. [`dispatch`]: admission, per-worker permits, per-model queues, live
+//!    capacity;
+//! 4. [`metrics`];
+//! 5. [`supervision`]: a supervisor per worker driving its sentinel,
+//!    starting processes, health checks, GPU events;
+//! 6. [`transports`]: shared memory and RDMA on the agent's side;
+//! 7. [`serving`]: the client ports — accept loop, the OIP port's HTTP/2
+//!    server, the pass-through, the tonic service, KServe HTTP, QUIC (its
+//!    response types form a layer of their own below the rest);
+//! 8. [`admin`]: the admin port and the node's registry record;
+//! 9. [`agent`]: assembly ([`Agent::start`]) and ordered shutdown.
+//!
+//! `unsafe` is denied everywhere except [`supervision::pdeathsig`], which
+//! registers the parent-death signal between `fork` and `exec`.
 #![deny(unsafe_code)]
 
-pub mod accept;
-pub mod admin;
-pub mod agent;
-pub mod busy;
-pub mod capacity;
-pub mod capacity_task;
-pub mod concurrency;
 pub mod config;
-pub mod conn;
-pub mod deadline;
 pub mod error;
-pub mod forward;
-pub mod front;
-pub mod front_body;
-pub mod gpu;
-pub mod grpc;
-pub mod grpc_health;
-pub mod health;
-pub mod http;
-pub mod inbox;
-pub mod launch;
-pub mod load_report;
-pub mod metrics;
-pub mod models;
-pub mod output;
-pub mod pdeathsig;
-pub mod pool;
-pub mod procfs;
-pub mod quic;
-pub mod rdma;
-pub mod registry;
-mod request_view;
-pub mod server;
-pub mod shm;
-pub mod spawn;
-pub mod state;
-pub mod supervisor;
-pub mod tenant;
 pub mod tls;
 pub mod trace;
-pub mod upstream;
-pub mod worker_log;
-pub mod worker_status;
+
+pub mod worker;
+
+pub mod dispatch;
+
+pub mod metrics;
+
+pub mod supervision;
+
+pub mod transports;
+
+pub mod serving;
+
+pub mod admin;
+
+pub mod agent;
 
 #[cfg(test)]
 mod testing;

@@ -19,12 +19,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub mod gpu_usage;
 mod gpu_use;
 mod mig;
 mod worker_limit;
 
-use crate::models::{ModelId, Models};
-use crate::pool::Pool;
+use crate::dispatch::models::{ModelId, Models};
+use crate::dispatch::pool::Pool;
 use infermesh_gpu::{GpuDevice, GpuSample};
 use infermesh_sentinel::State;
 
@@ -587,7 +588,7 @@ impl HostGauges {
     }
 
     fn refresh(&self) {
-        let host = crate::capacity::HostSample::read();
+        let host = crate::dispatch::capacity::HostSample::read();
         if let Some(load) = host.load1 {
             self.load1.set(load);
         }
@@ -664,7 +665,7 @@ mod tests {
         metrics.gpu_xid_attribution("0", 43, "worker");
         metrics.record_worker_gpu(&[(
             "w0".into(),
-            vec![crate::gpu::usage::WorkerGpuUse {
+            vec![crate::metrics::gpu_usage::WorkerGpuUse {
                 gpu: 0,
                 memory_bytes: 1,
                 sm_util_pct: Some(1),
@@ -681,7 +682,7 @@ mod tests {
         metrics.record_mig(&fake.mig_devices());
         metrics.worker_limit.record(
             "w0",
-            &crate::pool::WorkerLimit {
+            &crate::dispatch::pool::WorkerLimit {
                 limit: 3,
                 probing: false,
                 concurrency: Some(2.0),

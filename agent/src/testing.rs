@@ -21,7 +21,7 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::config::WorkerSpec;
-use crate::launch::{Exit, Launched, Launcher, OutputSink};
+use crate::supervision::launch::{Exit, Launched, Launcher, OutputSink};
 
 /// Starts in-process test workers.
 #[derive(Default)]
@@ -252,7 +252,7 @@ pub fn spec(id: &str) -> WorkerSpec {
 
 /// A pool over one worker `w0` with no process (never started): for tests
 /// of what reads the pool (metrics, health) without supervising anything.
-pub fn idle_pool() -> Arc<crate::pool::Pool> {
-    let (worker, _driver) = crate::state::Worker::new(spec("w0"), 0);
-    crate::pool::Pool::new(vec![worker], 1.0, 1)
+pub fn idle_pool() -> Arc<crate::dispatch::pool::Pool> {
+    let (worker, _driver) = crate::worker::state::Worker::new(spec("w0"), 0);
+    crate::dispatch::pool::Pool::new(vec![worker], 1.0, 1)
 }

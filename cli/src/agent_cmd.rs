@@ -111,11 +111,11 @@ fn check_config(cfg: &AgentConfig) -> i32 {
             continue;
         };
         // The agent's own lookup: PATH, then next to this binary.
-        if infermesh_agent::spawn::resolve_program(program).is_none() {
+        if infermesh_agent::supervision::spawn::resolve_program(program).is_none() {
             config_problems.push(format!(
                 "worker {}: program {}",
                 w.id,
-                infermesh_agent::spawn::not_found(program)
+                infermesh_agent::supervision::spawn::not_found(program)
             ));
         }
         if !w.argv.iter().any(|a| a.contains("{port}")) {
@@ -139,8 +139,11 @@ fn check_config(cfg: &AgentConfig) -> i32 {
             }
         };
         let pipe_dir = std::env::var(infermesh_gpu::slice::PIPE_DIRECTORY_ENV).ok();
-        let found =
-            infermesh_agent::gpu::slices::check(&cfg.workers, gpus.as_ref(), pipe_dir.as_deref());
+        let found = infermesh_agent::supervision::gpu::slices::check(
+            &cfg.workers,
+            gpus.as_ref(),
+            pipe_dir.as_deref(),
+        );
         config_problems.extend(found.errors);
         warnings.extend(found.notes);
     }

@@ -183,7 +183,7 @@ impl AgentBuilder {
             .arg("--admin-token-file")
             .arg(&token_file)
             // INFERMESH_TEST_AGENT_LOG sets the agents' filter when debugging
-            // a test (e.g. `info,infermesh_agent::pool=debug`).
+            // a test (e.g. `info,infermesh_agent::dispatch::pool=debug`).
             .env(
                 "RUST_LOG",
                 std::env::var("INFERMESH_TEST_AGENT_LOG").unwrap_or_else(|_| "info".into()),

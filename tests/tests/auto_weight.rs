@@ -26,7 +26,7 @@
 //!   ±30% of the true ratios. Under a starved CPU this once read 11.61 for a
 //!   true 7.49: the agents answered late, the limiter read the delay as
 //!   requests queueing inside the worker and cut the fast workers' limits
-//!   in a spiral (fixed in `agent/src/concurrency.rs`, "Adaptive
+//!   in a spiral (fixed in `agent/src/worker/concurrency.rs`, "Adaptive
 //!   concurrency" in docs/DECISIONS.md; pinned to one core, this test read
 //!   limits of 2–3 for a 4-slot worker before, 5–9 after).
 //! - the weights in the registry records: each lags its agent's by up to

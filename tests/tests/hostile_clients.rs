@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use infermesh_agent::grpc::MODEL_INFER_PATH;
+use infermesh_agent::serving::grpc::MODEL_INFER_PATH;
 use infermesh_http2::frame::{self as wire, flag, kind};
 use infermesh_http2::request::put_request_block;
 use infermesh_proto::inference::infer_parameter::ParameterChoice;

@@ -38,12 +38,12 @@ async fn output_is_drained_past_long_lines_and_bad_bytes_and_faults_still_match(
     let log = agent.log_text();
     let cut = format!(
         "{}{}",
-        "x".repeat(infermesh_agent::output::MAX_LINE_BYTES),
-        infermesh_agent::output::TRUNCATED_MARK
+        "x".repeat(infermesh_agent::supervision::output::MAX_LINE_BYTES),
+        infermesh_agent::supervision::output::TRUNCATED_MARK
     );
     assert!(log.contains(&cut), "the 1 MiB line is cut and marked");
     assert!(
-        !log.contains(&"x".repeat(infermesh_agent::output::MAX_LINE_BYTES + 1)),
+        !log.contains(&"x".repeat(infermesh_agent::supervision::output::MAX_LINE_BYTES + 1)),
         "nothing past the cut is kept"
     );
     assert!(log.contains("\u{fffd}\u{fffd} bad bytes"));

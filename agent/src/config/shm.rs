@@ -76,7 +76,7 @@ impl ShmLimits {
     /// The transport registry's configuration for these limits. Client
     /// region names are kept [`WORKER_NAME_PREFIX_BYTES`] shorter than a
     /// worker accepts, so the agent's private name for a region
-    /// (`c<connection>.<name>`, see `crate::shm`) always fits a worker's.
+    /// (`c<connection>.<name>`, see `crate::transports::shm`) always fits a worker's.
     pub fn registry_config(&self) -> infermesh_transport::shm::RegistryConfig {
         infermesh_transport::shm::RegistryConfig {
             max_regions_per_owner: self.max_regions_per_connection,

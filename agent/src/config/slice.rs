@@ -2,7 +2,7 @@
 //! `mps_thread_percentage`, `mps_memory_limit` in `[[workers]]`), checked
 //! into a [`GpuSlice`]: a [`WorkerGpu`] and an [`MpsShare`] of it, which
 //! become the worker's environment ([`GpuSlice::env`], set by
-//! [`crate::spawn`]). An MPS share is a share of the one device the worker
+//! [`crate::supervision::spawn`]). An MPS share is a share of the one device the worker
 //! is pinned to, so it needs `gpu`.
 //!
 //! `gpu` is an NVML index (`0`), a GPU's UUID (`"GPU-5f1c…"`) or a MIG
@@ -12,7 +12,7 @@
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (`0=<MiB>MB`: the worker sees one
 //! device, ordinal 0). Whether the GPU, the MIG instance and an MPS daemon
 //! are really there is a question for the host, not the file:
-//! [`crate::gpu::slices`] asks the GPU backend.
+//! [`crate::supervision::gpu::slices`] asks the GPU backend.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,5 +1,5 @@
 //! `[[tenants]]`: who the node's models belong to, and what each owner is
-//! guaranteed when the node is contended (see [`crate::tenant`] for how
+//! guaranteed when the node is contended (see [`crate::dispatch::tenant`] for how
 //! dispatch uses it).
 //!
 //! ```toml

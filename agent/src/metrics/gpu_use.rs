@@ -2,7 +2,7 @@
 //!
 //! `infermesh_worker_gpu_memory_bytes{worker,gpu}` and
 //! `infermesh_worker_gpu_utilization_ratio{worker,gpu}` come from NVML's
-//! process lists at scrape time ([`crate::gpu::usage`]); a worker that holds
+//! process lists at scrape time ([`crate::metrics::gpu_usage`]); a worker that holds
 //! nothing on a GPU has no series for it. Utilization is only there where
 //! the driver samples it per process.
 //! `infermesh_gpu_xid_attributions_total{gpu,xid,attribution}` counts each
@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::{Labels, Metrics};
-use crate::gpu::usage::WorkerGpuUse;
+use crate::metrics::gpu_usage::WorkerGpuUse;
 
 /// The families of this file.
 pub(super) struct GpuUseMetrics {

@@ -1,5 +1,5 @@
 //! Each worker's adaptive concurrency limit and what it learned
-//! ([`crate::concurrency`]), refreshed from the pool at scrape time:
+//! ([`crate::worker::concurrency`]), refreshed from the pool at scrape time:
 //!
 //! - `infermesh_worker_concurrency_limit{worker}`: permits it has now (1
 //!   while a probe measures its unloaded latency);
@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::Labels;
-use crate::pool::{Pool, WorkerLimit};
+use crate::dispatch::pool::{Pool, WorkerLimit};
 
 type F64Gauge = Gauge<f64, AtomicU64>;
 

@@ -1,0 +1,480 @@
+//! The hot path: `ModelInfer` passed through as the bytes that arrived.
+//!
+//! A plain inline request (no shared-memory or RDMA parameters) is read
+//! whole (bounded by `max_message_bytes`, a node-wide receive budget and a
+//! read timeout) as the DATA frames it came in; one frame is decoded once
+//! into a view whose tensor bytes are slices of it, several (a large
+//! request) are read where they lie ([`crate::serving::request_view`]: the fields
+//! but the tensors decoded, the tensors' sizes noted, nothing gathered).
+//! It is validated against the model's metadata, and — once it holds a
+//! worker permit — the *received frames* are sent to the worker on its
+//! HTTP/2 connection ([`crate::worker::upstream`]), with the caller's metadata and
+//! what is left of its deadline. The worker's response headers and body
+//! go back unchanged; only the trailers are touched: the load report is
+//! added, and an internal error that names a GPU fault is turned into
+//! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
+//! sentinel. The worker permit is freed when the answer's trailers are read
+//! off the worker's connection: at once for an answer that fits in the
+//! caller's flow-control windows plus the stream's send buffer
+//! (`stream_send_buffer`, 4 MiB; see `server::connection::pipe`), otherwise
+//! only as the caller reads — a caller that stops reading a larger answer
+//! holds its worker's permit until the send timeout resets the stream.
+//!
+//! Requests with shared-memory or RDMA parameters need their tensors
+//! rewritten; they go through [`Front::infer_decoded`] instead, and so do
+//! their responses.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use infermesh_proto::inference::ModelInferRequest;
+use infermesh_proto::tensor::{validate_request, validate_request_sizes};
+use infermesh_sentinel::FaultPatterns;
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{Code, Status};
+use tracing::Instrument;
+
+use crate::dispatch::pool::{Pool, Ticket};
+use crate::error::AgentError;
+use crate::metrics::{Metrics, TransportPath};
+use crate::serving::deadline::header_timeout;
+use crate::serving::front::Front;
+use crate::serving::front_body::FrontBody;
+use crate::serving::grpc::{self, FRAME_HEADER, frame_header, message_response, status_response};
+use crate::transports::conn::ConnInfo;
+use crate::worker::upstream::Metadata;
+
+pub(crate) mod body;
+
+pub use body::ForwardBody;
+use body::{Done, grpc_code};
+
+/// Limits on what a caller may send.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// Largest message.
+    pub max_message_bytes: usize,
+    /// Bytes of request bodies being received at once, node-wide.
+    pub receive_budget_bytes: usize,
+    /// Longest time to receive one request body.
+    pub read_timeout: Duration,
+}
+
+/// Serves `ModelInfer` by pass-through.
+#[derive(Clone)]
+pub struct InferPath {
+    pool: Arc<Pool>,
+    metrics: Arc<Metrics>,
+    patterns: Arc<FaultPatterns>,
+    front: Front,
+    limits: BodyLimits,
+    budget: Arc<Semaphore>,
+}
+
+/// How and when a request arrived.
+struct Arrival {
+    via: TransportPath,
+    started: Instant,
+    deadline: Option<Instant>,
+}
+
+impl InferPath {
+    /// The path over `pool`; rewriting requests go to `front`.
+    pub fn new(
+        pool: Arc<Pool>,
+        metrics: Arc<Metrics>,
+        patterns: Arc<FaultPatterns>,
+        front: Front,
+        limits: BodyLimits,
+    ) -> Self {
+        let budget = Arc::new(Semaphore::new(
+            limits
+                .receive_budget_bytes
+                .min(Semaphore::MAX_PERMITS)
+                .max(limits.max_message_bytes + FRAME_HEADER),
+        ));
+        Self {
+            pool,
+            metrics,
+            patterns,
+            front,
+            limits,
+            budget,
+        }
+    }
+
+    /// Answers one `ModelInfer` request that came over HTTP/2.
+    pub async fn call<B>(&self, req: Request<B>) -> Response<FrontBody>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        self.call_via(req, TransportPath::Grpc).await
+    }
+
+    /// Answers one `ModelInfer` request; inline tensors count as `via` in
+    /// `infermesh_transport_requests_total`.
+    pub async fn call_via<B>(&self, req: Request<B>, via: TransportPath) -> Response<FrontBody>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let started = Instant::now();
+        let deadline = header_timeout(req.headers()).map(|t| started + t);
+        let ticket = self.pool.admit();
+        let (parts, body) = req.into_parts();
+        let mut model = None;
+        // Off unless an OTLP endpoint is set (crate::trace).
+        let span = crate::trace::request_span(&parts.headers);
+        let result = self
+            .serve(
+                &parts,
+                body,
+                Arrival {
+                    via,
+                    started,
+                    deadline,
+                },
+                ticket,
+                &mut model,
+            )
+            .instrument(span.clone())
+            .await;
+        match result {
+            Ok(resp) => resp,
+            Err(status) => {
+                let status = Status::new(status.code(), status.message().to_string());
+                let _in = span.enter();
+                crate::trace::record("outcome", &format_args!("{:?}", status.code()));
+                self.metrics
+                    .model(model, self.pool.models())
+                    .request(status.code(), started.elapsed());
+                status_response(status, &self.pool)
+            }
+        }
+    }
+
+    async fn serve<B>(
+        &self,
+        parts: &http::request::Parts,
+        body: B,
+        arrival: Arrival,
+        ticket: Ticket,
+        model: &mut Option<crate::dispatch::models::ModelId>,
+    ) -> Result<Response<FrontBody>, Status>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let Arrival {
+            via,
+            started,
+            deadline,
+        } = arrival;
+        if parts
+            .headers
+            .get("grpc-encoding")
+            .is_some_and(|e| e != "identity")
+        {
+            return Err(Status::unimplemented(
+                "compressed requests are not supported; send them uncompressed",
+            ));
+        }
+        let (chunks, permit) = self.read_body(body, deadline).await?;
+        // One frame: decoded as it is (its tensors are slices of it). More
+        // (a large request): read where it lies, the tensors' sizes noted
+        // and their bytes left in the frames, which go to the worker as
+        // they came.
+        let (mut req, raw_lens) = match &chunks[..] {
+            [frame] => (decode(frame)?, None),
+            _ => {
+                let v = crate::serving::request_view::view(&chunks)?;
+                (v.head, Some(v.raw_lens))
+            }
+        };
+        if req.model_name.is_empty() {
+            return Err(AgentError::BadRequest("model_name is empty".into()).into());
+        }
+        let (id, meta) = match self.pool.models().lookup(&req.model_name) {
+            Some((id, meta)) => {
+                *model = Some(id);
+                crate::trace::record("model", &req.model_name);
+                (id, meta)
+            }
+            None => return Err(self.pool.unavailable_reason(&req.model_name).into()),
+        };
+        let meta = meta.ok_or_else(|| self.pool.unavailable_reason(&req.model_name))?;
+        let metrics = self.metrics.model(Some(id), self.pool.models());
+        // The decoded path and BYTES inputs need the tensors themselves.
+        let needs_contents = crate::transports::shm::uses_shm(&req)
+            || crate::transports::rdma::uses_rdma(&req)
+            || req.inputs.iter().any(|i| i.datatype == "BYTES");
+        if raw_lens.is_some() && needs_contents {
+            req = decode(&gather(&chunks))?;
+        }
+        if crate::transports::shm::uses_shm(&req) || crate::transports::rdma::uses_rdma(&req) {
+            drop(permit);
+            let owner = parts.extensions.get::<ConnInfo>().map_or(0, |c| c.id);
+            // Boxed: this path's future is large, and the plain path's
+            // future (moved into place on every request) would be as large.
+            let (resp, path) = Box::pin(
+                self.front
+                    .infer_decoded(owner, deadline, &mut req, id, &meta),
+            )
+            .await?;
+            self.metrics.transport(path);
+            drop(ticket);
+            metrics.request(Code::Ok, started.elapsed());
+            return Ok(message_response(&resp, &self.pool));
+        }
+        match &raw_lens {
+            Some(lens) if !needs_contents => validate_request_sizes(&req, lens, &meta),
+            _ => validate_request(&req, &meta),
+        }
+        .map_err(AgentError::from)?;
+        let priority = crate::dispatch::tenant::request_priority(&req.parameters)?;
+        drop(req);
+        refuse_backlogged(parts)?;
+        let lease = self
+            .pool
+            .acquire_prioritized(id, None, deadline, priority)
+            .await?;
+        // Checked again: the client may have stopped reading while this
+        // request queued.
+        refuse_backlogged(parts)?;
+        crate::trace::record("worker", &lease.worker().id());
+        self.metrics.transport(via);
+        let process = Arc::clone(lease.process());
+        let timeout = time_left(deadline)?;
+        // The worker's spans are children of this request's (when tracing).
+        let trace = crate::trace::enabled().then(|| {
+            let mut map = HeaderMap::new();
+            crate::trace::inject(&mut map);
+            map
+        });
+        let meta = Metadata {
+            caller: &parts.headers,
+            timeout,
+            extra: trace.as_ref(),
+        };
+        let unreachable = |e: &dyn std::fmt::Display| -> Status {
+            AgentError::WorkerUnreachable {
+                worker: lease.worker().id().to_string(),
+                reason: e.to_string(),
+            }
+            .into()
+        };
+        let exchange = process.upstream.call_chunks(meta, &chunks);
+        // A stalled or hung worker's calls fail when the sentinel gives up on
+        // it (`Upstream::abort`), not when (if ever) the worker answers.
+        let (exchange, head) = match deadline {
+            Some(d) => tokio::time::timeout_at(d.into(), exchange)
+                .await
+                .map_err(|_| {
+                    Status::deadline_exceeded("deadline exceeded waiting for the worker")
+                })?,
+            None => exchange.await,
+        }
+        .map_err(|e| unreachable(&e))?;
+        drop(trace);
+        drop(permit);
+        if head.status != 200 {
+            return Err(unreachable(&format!(
+                "worker answered HTTP {}",
+                head.status
+            )));
+        }
+        let mut headers = head.headers;
+        // Trailers-only: the status is in the headers.
+        let trailers_only =
+            match head.end {
+                true => Some(grpc_code(&headers).ok_or_else(|| {
+                    unreachable(&"the worker's answer ended without a gRPC status")
+                })?),
+                false => None,
+            };
+        let done = Done {
+            span: tracing::Span::current(),
+            reporter: lease.worker().reporter().clone(),
+            pid: process.pid,
+            lease: Some(lease),
+            ticket: Some(ticket),
+            metrics,
+            started,
+            patterns: Arc::clone(&self.patterns),
+            pool: Arc::clone(&self.pool),
+        };
+        if let Some(code) = trailers_only {
+            let mut done = done;
+            done.finish(&mut headers, code, true);
+            let mut resp = Response::new(FrontBody::Empty);
+            *resp.headers_mut() = headers;
+            return Ok(resp);
+        }
+        let mut resp = Response::new(FrontBody::Forward(ForwardBody {
+            exchange,
+            done: Some(done),
+        }));
+        *resp.headers_mut() = headers;
+        Ok(resp)
+    }
+
+    /// Reads one request body whole, within the limits; returns it as the
+    /// chunks it arrived in (not gathered into one buffer: a large request
+    /// is sent on as it came) and the share of the receive budget it holds.
+    async fn read_body<B>(
+        &self,
+        mut body: B,
+        deadline: Option<Instant>,
+    ) -> Result<(Vec<Bytes>, OwnedSemaphorePermit), Status>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let read_until = Instant::now() + self.limits.read_timeout;
+        let read_until = deadline.map_or(read_until, |d| d.min(read_until));
+        let read = async {
+            let mut chunks: Vec<Bytes> = Vec::new();
+            let mut received = 0usize;
+            let mut expected: Option<(usize, OwnedSemaphorePermit)> = None;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| Status::cancelled(format!("request body: {e}")))?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                received += data.len();
+                chunks.push(data);
+                if expected.is_none() && received >= FRAME_HEADER {
+                    let mut header = [0u8; FRAME_HEADER];
+                    copy_prefix(&chunks, &mut header);
+                    let (_, len) = frame_header(&header);
+                    expected = Some((len, self.reserve(len)?));
+                }
+                if let Some((len, _)) = &expected {
+                    if received > FRAME_HEADER + len {
+                        return Err(Status::internal(
+                            "a unary request must carry exactly one gRPC message",
+                        ));
+                    }
+                }
+            }
+            let (len, permit) = expected.ok_or_else(|| {
+                Status::internal("request body is shorter than a gRPC message header")
+            })?;
+            if received != FRAME_HEADER + len {
+                return Err(Status::internal(
+                    "a unary request must carry exactly one gRPC message",
+                ));
+            }
+            Ok((chunks, permit))
+        };
+        tokio::time::timeout_at(read_until.into(), read)
+            .await
+            .map_err(|_| match deadline {
+                Some(d) if d <= read_until => {
+                    Status::deadline_exceeded("deadline exceeded while receiving the request")
+                }
+                _ => Status::deadline_exceeded(format!(
+                    "request body not received within {:?}",
+                    self.limits.read_timeout
+                )),
+            })?
+    }
+
+    /// Takes `len` bytes of the receive budget, or refuses the request.
+    fn reserve(&self, len: usize) -> Result<OwnedSemaphorePermit, Status> {
+        if len > self.limits.max_message_bytes {
+            return Err(AgentError::MessageTooLarge {
+                size: len,
+                limit: self.limits.max_message_bytes,
+            }
+            .into());
+        }
+        let n = u32::try_from(len + FRAME_HEADER).unwrap_or(u32::MAX);
+        Arc::clone(&self.budget)
+            .try_acquire_many_owned(n)
+            .map_err(|_| AgentError::ReceiveBudget.into())
+    }
+}
+
+/// Decodes a request that arrived as one gRPC frame.
+fn decode(frame: &Bytes) -> Result<ModelInferRequest, Status> {
+    let message = grpc::unary_message(frame)?;
+    ModelInferRequest::decode(message)
+        .map_err(|e| Status::invalid_argument(format!("malformed ModelInferRequest: {e}")))
+}
+
+/// `chunks` in one buffer (the decoded path and BYTES inputs, which need
+/// the tensors themselves).
+fn gather(chunks: &[Bytes]) -> Bytes {
+    let mut all = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+    for c in chunks {
+        all.extend_from_slice(c);
+    }
+    all.freeze()
+}
+
+/// Fills `out` with the first bytes of `chunks` (as many as there are).
+pub(crate) fn copy_prefix(chunks: &[Bytes], out: &mut [u8]) {
+    let mut at = 0;
+    for c in chunks {
+        let n = (out.len() - at).min(c.len());
+        out[at..at + n].copy_from_slice(&c[..n]);
+        at += n;
+        if at == out.len() {
+            return;
+        }
+    }
+}
+
+/// What is left of `deadline`, sent to the worker as `grpc-timeout`; an
+/// error when nothing is.
+fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
+    let Some(d) = deadline else {
+        return Ok(None);
+    };
+    let left = d.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Status::deadline_exceeded(
+            "deadline exceeded before the request reached a worker",
+        ));
+    }
+    Ok(Some(left))
+}
+
+/// Refuses new work for a client that is not reading its responses: more
+/// bytes wait for its HTTP/2 windows than its connection's send buffer
+/// allows. Without it a slow or zero-window reader would make each of its
+/// requests hold response bytes in the agent until the send timeout.
+fn refuse_backlogged(parts: &http::request::Parts) -> Result<(), Status> {
+    match parts.extensions.get::<ConnInfo>() {
+        Some(info) if info.is_backlogged() => Err(Status::resource_exhausted(
+            "this connection is not reading its responses; read them, or retry on another connection",
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_gets_what_is_left_of_the_deadline_or_nothing_once_it_passed() {
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        let left = time_left(Some(deadline)).unwrap().unwrap();
+        assert!(
+            left <= Duration::from_millis(1500) && !left.is_zero(),
+            "{left:?}"
+        );
+        assert_eq!(time_left(None).unwrap(), None);
+        let past = Instant::now() - Duration::from_millis(1);
+        let err = time_left(Some(past)).unwrap_err();
+        assert_eq!(err.code(), Code::DeadlineExceeded);
+    }
+}

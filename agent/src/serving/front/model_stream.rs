@@ -1,0 +1,281 @@
+//! `ModelStreamInfer`: a bidirectional stream proxied to one worker.
+//!
+//! The first request picks the worker (least loaded hosting its model); the
+//! stream stays on it, so responses keep their order. A stream holds worker
+//! permits only for requests in flight: each request takes a permit on that
+//! worker (waiting in its model's queue like any request, pinned to the
+//! worker) and the permit is released by the request's final response — an
+//! idle stream holds nothing. A response is final unless it carries
+//! Triton's `triton_final_response = false` (decoupled models that send
+//! several responses per request); permits are released in request order,
+//! which is the order a worker answers a stream in.
+//!
+//! Every request is checked like a unary one: its model must be one the
+//! pinned worker serves, plain requests are validated against the model's
+//! metadata, and shared-memory references are resolved through the
+//! caller's own connection ([`crate::transports::shm`]) — passed through to a worker
+//! that speaks shared memory under the connection's private names, or
+//! copied by the agent (outputs written back when the response arrives). A
+//! request that fails these checks is answered in the stream with
+//! `error_message`; the stream goes on.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use infermesh_proto::inference::infer_parameter::ParameterChoice;
+use infermesh_proto::inference::{ModelInferRequest, ModelStreamInferResponse};
+use infermesh_proto::tensor::validate_request;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::BoxStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::Front;
+use crate::dispatch::pool::Lease;
+use crate::error::AgentError;
+use crate::metrics::TransportPath;
+use crate::serving::deadline::request_timeout;
+use crate::serving::worker_status::worker_status;
+use crate::transports::conn;
+use crate::transports::shm;
+
+/// Requests forwarded ahead of the worker's reading them.
+const FORWARD_BUFFER: usize = 16;
+/// Parameter of decoupled responses that says whether more follow.
+const FINAL_RESPONSE_PARAM: &str = "triton_final_response";
+
+/// A request in flight on the stream: its permit, and where its outputs
+/// go when the agent copies them.
+struct InFlight {
+    lease: Lease,
+    outputs: Option<shm::Prepared>,
+}
+
+type Pending = Arc<Mutex<VecDeque<InFlight>>>;
+
+/// Serves one `ModelStreamInfer` call of `front`. The response headers go
+/// out at once (clients may wait for them before sending anything); a
+/// driver task then admits requests and forwards responses.
+pub async fn serve(
+    front: Front,
+    req: Request<Streaming<ModelInferRequest>>,
+) -> Result<Response<BoxStream<ModelStreamInferResponse>>, Status> {
+    let deadline = request_timeout(req.metadata()).map(|t| Instant::now() + t);
+    let owner = conn::owner(&req);
+    let incoming = req.into_inner();
+    let (out, out_rx) = mpsc::channel(FORWARD_BUFFER);
+    let tasks = front.tasks.clone();
+    tasks.spawn(drive(front, owner, deadline, incoming, out));
+    Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
+}
+
+type Out = mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+
+/// The next request of the stream; `None` when the client is done or its
+/// stream failed (the failure is answered in the stream).
+async fn next(incoming: &mut Streaming<ModelInferRequest>, out: &Out) -> Option<ModelInferRequest> {
+    match incoming.message().await {
+        Ok(m) => m,
+        Err(s) => {
+            let _ = out.send(Ok(in_stream_error(&oversize(s)))).await;
+            None
+        }
+    }
+}
+
+/// Runs one stream: the first admitted request picks the worker; a reader
+/// admits the later ones pinned to it while this task forwards the
+/// worker's responses.
+async fn drive(
+    front: Front,
+    owner: u64,
+    deadline: Option<Instant>,
+    mut incoming: Streaming<ModelInferRequest>,
+    out: Out,
+) {
+    let (first, in_flight) = loop {
+        let Some(msg) = next(&mut incoming, &out).await else {
+            return;
+        };
+        match admit(&front, owner, None, deadline, msg).await {
+            Ok(admitted) => break admitted,
+            Err(s) => {
+                if out.send(Ok(in_stream_error(&s))).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let worker = Arc::clone(in_flight.lease.worker());
+    let process = Arc::clone(in_flight.lease.process());
+    let pending: Pending = Arc::new(Mutex::new(VecDeque::from([in_flight])));
+    let (tx, rx) = mpsc::channel(FORWARD_BUFFER);
+    if tx.send(first).await.is_err() {
+        return;
+    }
+    let reader = {
+        let (front, pending, out, index) = (
+            front.clone(),
+            Arc::clone(&pending),
+            out.clone(),
+            worker.index,
+        );
+        front.tasks.clone().spawn(async move {
+            while let Some(msg) = next(&mut incoming, &out).await {
+                match admit(&front, owner, Some(index), deadline, msg).await {
+                    Ok((msg, in_flight)) => {
+                        pending
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push_back(in_flight);
+                        if tx.send(msg).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(s) => {
+                        if out.send(Ok(in_stream_error(&s))).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    // The reader ends with this task: its permits and requests belong to
+    // an upstream call that is gone.
+    let _reader = tokio_util::task::AbortOnDropHandle::new(reader);
+    let mut upstream = match process
+        .client
+        .clone()
+        .model_stream_infer(ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            let _ = out.send(Err(worker_status(&worker, s))).await;
+            return;
+        }
+    };
+    loop {
+        let item = tokio::select! {
+            item = upstream.next() => item,
+            () = out.closed() => return,
+        };
+        let Some(item) = item else { return };
+        let mut resp = match item {
+            Ok(r) => r,
+            Err(s) => {
+                let _ = out.send(Err(worker_status(&worker, s))).await;
+                return;
+            }
+        };
+        if is_final(&resp) {
+            let mut done = pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_front();
+            if let Some(d) = done.as_mut() {
+                d.lease.served();
+            }
+            if let (
+                Some(InFlight {
+                    outputs: Some(p), ..
+                }),
+                Some(r),
+            ) = (done, resp.infer_response.as_mut())
+            {
+                if let Err(s) = shm::finish(&front.shm, owner, p, r) {
+                    resp = in_stream_error(&s);
+                }
+            }
+        } else {
+            // A partial answer (decoupled model): progress for the watchdog.
+            front.pool.progressed(worker.index);
+        }
+        if out.send(Ok(resp)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Checks one request of the stream and takes its permit: on any worker
+/// serving its model for the first request, on the stream's `worker` for
+/// the later ones.
+async fn admit(
+    front: &Front,
+    owner: u64,
+    worker: Option<usize>,
+    deadline: Option<Instant>,
+    mut msg: ModelInferRequest,
+) -> Result<(ModelInferRequest, InFlight), Status> {
+    let (model, meta) = front
+        .pool
+        .models()
+        .lookup(&msg.model_name)
+        .ok_or_else(|| front.pool.unavailable_reason(&msg.model_name))?;
+    if !shm::uses_shm(&msg) {
+        let meta = meta.ok_or_else(|| front.pool.unavailable_reason(&msg.model_name))?;
+        validate_request(&msg, &meta).map_err(AgentError::from)?;
+    }
+    let priority = crate::dispatch::tenant::request_priority(&msg.parameters)?;
+    let lease = front
+        .pool
+        .acquire_prioritized(model, worker, deadline, priority)
+        .await?;
+    let outputs = prepare(front, owner, &lease, &mut msg).await?;
+    Ok((msg, InFlight { lease, outputs }))
+}
+
+/// Resolves a request's shared-memory references for the lease's worker;
+/// returns what must be done with its outputs when the agent copies.
+async fn prepare(
+    front: &Front,
+    owner: u64,
+    lease: &Lease,
+    msg: &mut ModelInferRequest,
+) -> Result<Option<shm::Prepared>, Status> {
+    if !shm::uses_shm(msg) {
+        front.metrics.transport(TransportPath::Grpc);
+        return Ok(None);
+    }
+    let p = shm::prepare(&front.shm, owner, lease.worker(), lease.process(), msg).await?;
+    Ok(match p {
+        shm::Prepared::PassThrough => {
+            front.metrics.transport(TransportPath::ShmPassthrough);
+            None
+        }
+        inline @ shm::Prepared::Inline(_) => {
+            front.metrics.transport(TransportPath::ShmInline);
+            Some(inline)
+        }
+    })
+}
+
+/// Whether `resp` is the last response to its request.
+fn is_final(resp: &ModelStreamInferResponse) -> bool {
+    let flag = resp
+        .infer_response
+        .as_ref()
+        .and_then(|r| r.parameters.get(FINAL_RESPONSE_PARAM))
+        .and_then(|p| p.parameter_choice.as_ref());
+    !matches!(flag, Some(ParameterChoice::BoolParam(false)))
+}
+
+fn in_stream_error(s: &Status) -> ModelStreamInferResponse {
+    ModelStreamInferResponse {
+        error_message: s.message().to_string(),
+        infer_response: None,
+    }
+}
+
+/// tonic reports a message over the size limit as OUT_OF_RANGE; gRPC
+/// clients expect RESOURCE_EXHAUSTED.
+fn oversize(s: Status) -> Status {
+    if s.code() == Code::OutOfRange {
+        Status::resource_exhausted(s.message().to_string())
+    } else {
+        s
+    }
+}
