@@ -8,6 +8,7 @@
 # Usage: scripts/bench-python.sh [DURATION_S]   (default 5 s per run)
 #        SIZES="16777216" CONCS="1 4" MODES="infermesh-leased tritonclient-shm" \
 #          scripts/bench-python.sh 5          (a subset, interleaved the same way)
+#        ROUNDS=3 ...                           (every cell 3 times, interleaved)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-5}
@@ -33,6 +34,7 @@ sys.exit(0 if g.InferenceServerClient('127.0.0.1:$oip').is_model_ready('identity
   sleep 0.1
 done
 printf '%-17s %9s %4s %9s %9s %9s %12s\n' mode size conc req/s 'p50 ms' 'p99 ms' 'cpu ms/call'
+for _ in $(seq "${ROUNDS:-1}"); do
 for size in ${SIZES:-1024 16777216}; do
   for conc in ${CONCS:-1 16}; do
     for mode in ${MODES:-infermesh-shm infermesh-leased infermesh-async infermesh-grpc tritonclient tritonclient-shm}; do
@@ -44,4 +46,5 @@ print("%-17s %9d %4d %9.0f %9.3f %9.3f %12.3f" % (r["mode"], r["size_bytes"], r[
       r["throughput_rps"], r["p50_ms"], r["p99_ms"], r["cpu_ms_per_call"]))'
     done
   done
+done
 done

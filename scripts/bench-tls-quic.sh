@@ -10,7 +10,11 @@
 #       whose both ends are shaped by `tbf` (RATE, default 200mbit) over a
 #       short `pfifo` (20 packets), so packets really drop. Needs root; the
 #       namespace, the veth pair and every process are removed on exit.
-# SIZES="..." and CONCS="..." choose other sizes (bytes) and concurrencies.
+# SIZES="..." and CONCS="..." choose other sizes (bytes) and concurrencies;
+# ROUNDS=N repeats every cell N times, interleaved (default 1).
+# PERF_DIR=DIR also profiles the TLS agent and the bench process of every
+# gRPC+TLS and QUIC cell with `perf record` (flat, 999 Hz) into
+# DIR/<mode>-<size>-<conc>-<round>.{agent,bench}.data.
 #
 # Certificates are made with openssl in a scratch directory (deleted on exit).
 set -euo pipefail
@@ -88,6 +92,7 @@ $2
 EOF
   "${run_ns[@]}" "$bin/infermesh" agent --config "$dir/$1.toml" 2>"$dir/$1.log" &
   pids+=($!)
+  agent_pid=$!
 }
 agent plain ""
 agent tls "[transport]
@@ -95,6 +100,7 @@ quic = \"on\"
 [tls]
 cert = \"$dir/agent.pem\"
 key = \"$dir/agent.key\""
+tls_agent=$agent_pid # (`ip netns exec` execs the agent: the same pid)
 
 for service in plain tls; do
   for _ in $(seq 300); do
@@ -104,7 +110,8 @@ for service in plain tls; do
   done
 done
 
-printf '%-10s %9s %4s %9s %11s %9s %9s %8s\n' mode size conc req/s 'MiB/s in' 'p50 ms' 'p99 ms' fallback
+printf '%-10s %9s %4s %5s %9s %11s %9s %9s %8s\n' mode size conc round req/s 'MiB/s in' 'p50 ms' 'p99 ms' fallback
+for round in $(seq "${ROUNDS:-1}"); do
 for size in ${SIZES:-1024 1048576 16777216}; do
   for conc in ${CONCS:-1 16}; do
     for mode in grpc grpc+tls quic; do
@@ -115,15 +122,29 @@ for size in ${SIZES:-1024 1048576 16777216}; do
       esac
       "$bin/infermesh" bench --registry "$registry" "${args[@]}" --model identity \
         --size-bytes "$size" --concurrency "$conc" --duration "$duration" --warmup 1s \
-        --timeout 60s --wait-ready 60s --json 2>/dev/null | tail -1 |
-        MODE=$mode CONC=$conc python3 -c '
+        --timeout 60s --wait-ready 60s --json >"$dir/run.json" 2>/dev/null &
+      bench=$!
+      if [ -n "${PERF_DIR:-}" ] && [ "$mode" != grpc ]; then
+        mkdir -p "$PERF_DIR"
+        sleep 1.5 # past the warm-up
+        secs=$(( ${duration%s} > 2 ? ${duration%s} - 1 : 1 ))
+        tag="$PERF_DIR/$mode-$size-$conc-$round"
+        perf record -q -F 999 -p "$tls_agent" -o "$tag.agent.data" -- sleep "$secs" 2>/dev/null &
+        perf record -q -F 999 -p "$bench" -o "$tag.bench.data" -- sleep "$secs" 2>/dev/null || true
+        wait $! || true
+      fi
+      wait "$bench" || true
+      tail -1 "$dir/run.json" |
+        MODE=$mode CONC=$conc ROUND=$round python3 -c '
 import json, os, sys
 r = json.load(sys.stdin)
 fb = sum(v["fallbacks"] for v in r["paths"].values())
 used = ",".join(k for k, v in r["paths"].items() if v["successes"])
-print("%-10s %9d %4s %9.0f %11.1f %9.3f %9.3f %8d %s" % (os.environ["MODE"], r["size_bytes"], os.environ["CONC"],
-      r["throughput_rps"], r["bytes_per_s"] / 2**20, r["latency_ms"]["p50"], r["latency_ms"]["p99"], fb, used))' ||
+print("%-10s %9d %4s %5s %9.0f %11.1f %9.3f %9.3f %8d %s" % (os.environ["MODE"], r["size_bytes"], os.environ["CONC"],
+      os.environ["ROUND"], r["throughput_rps"], r["bytes_per_s"] / 2**20, r["latency_ms"]["p50"],
+      r["latency_ms"]["p99"], fb, used))' ||
         echo "$mode $size $conc: failed (see $dir)"
     done
   done
+done
 done
