@@ -26,6 +26,15 @@ use crate::inference::{ModelInferRequest, ModelInferResponse};
 /// ends must raise it: a peer's limit caps what the other sends.
 pub const MAX_UDP_PAYLOAD: u16 = 16 * 1024;
 
+/// The receive and send buffer both ends ask for on their UDP socket. The
+/// kernel's default (`net.core.rmem_default`, 208 KiB on most hosts) holds
+/// about ten 16 KiB datagrams: sixteen 1 MiB answers at once overflowed it
+/// on loopback (0.85% of datagrams dropped, `UdpRcvbufErrors`), and each
+/// drop is a loss to quinn's congestion control. The kernel caps the
+/// request at `net.core.rmem_max` / `wmem_max` (README: raise them for
+/// QUIC); BENCHMARKS.md (issue 27).
+pub const UDP_SOCKET_BUFFER: usize = 4 << 20;
+
 /// ALPN of the QUIC rung.
 pub const ALPN: &[u8] = b"infermesh-oip/1";
 /// Wire version of the request header.

@@ -90,7 +90,14 @@ async fn requests_take_quic_when_both_ends_offer_it() {
         (client.membership().nodes.len() == 1).then_some(())
     })
     .await;
-    send(&client, 50).await;
+    send(&client, 47).await;
+    // 256 KiB: the request arrives in many QUIC chunks, which go on to the
+    // worker as they came (issue 27).
+    for i in 0..3 {
+        let input = dense::input(4096, i);
+        let resp = client.infer(dense::request(&input, true)).await.unwrap();
+        assert_eq!(dense::output(&resp).0, dense::forward(&input));
+    }
     let c = client.path_counters();
     assert_eq!(c.get(Path::Quic).successes, 50, "{c:?}");
     assert_eq!(c.get(Path::Quic).failures, 0, "{c:?}");
@@ -98,14 +105,17 @@ async fn requests_take_quic_when_both_ends_offer_it() {
     // The load report came back on QUIC too: the node's stats saw answers.
     let stats = client.node_stats();
     assert_eq!(stats["quic-a"].failures, 0);
-    // An error status comes back on QUIC as the agent answered it.
-    let mut bad = dense::request(&dense::input(1, 1), true);
-    bad.inputs[0].shape = vec![1, 15];
-    match client.infer(bad).await {
-        Err(infermesh_client::ClientError::Status(s)) => {
-            assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+    // An error status comes back on QUIC as the agent answered it, for a
+    // request of one chunk and of many.
+    for rows in [1, 4096] {
+        let mut bad = dense::request(&dense::input(rows, 1), true);
+        bad.inputs[0].shape = vec![rows as i64, 15];
+        match client.infer(bad).await {
+            Err(infermesh_client::ClientError::Status(s)) => {
+                assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+            }
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
         }
-        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     }
     let c = client.path_counters();
     assert_eq!(c.get(Path::Grpc).attempts, 0, "{c:?}");

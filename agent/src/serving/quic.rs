@@ -11,8 +11,10 @@
 //! pass-through path ([`InferPath`]), so admission, queues, metrics and the
 //! load report are the same as on gRPC, and so are the bytes: the request
 //! frame's header ends in the layout of a gRPC message frame (flag 0, then
-//! the length), so the received buffer is forwarded to the worker from its
-//! fifth byte as it came, and the worker's gRPC response message goes back
+//! the length), so the request goes to the worker as a five-byte gRPC
+//! header and the chunks quinn received it in, uncopied (issue 27; before,
+//! they were gathered into one buffer first), and the worker's gRPC
+//! response message goes back
 //! as it came, chunk by chunk as the worker sends it (within QUIC's flow
 //! control; nothing waits for the whole answer), followed by the load
 //! report. Nothing is decoded and encoded again (before, a QUIC request
@@ -26,10 +28,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use infermesh_proto::quic::{
-    Answer, FrameError, MAX_UDP_PAYLOAD, REQUEST_HEADER, encode_report, encode_response,
-    request_header,
+    Answer, FrameError, MAX_UDP_PAYLOAD, REQUEST_HEADER, UDP_SOCKET_BUFFER, encode_report,
+    encode_response, request_header,
 };
 use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::Semaphore;
@@ -87,13 +89,24 @@ pub fn bind(
     endpoint
         .max_udp_payload_size(MAX_UDP_PAYLOAD)
         .map_err(|e| std::io::Error::other(format!("QUIC endpoint configuration: {e}")))?;
-    let socket = std::net::UdpSocket::bind(addr)?;
+    let socket = udp_socket(addr)?;
     quinn::Endpoint::new(
         endpoint,
         Some(server),
         socket,
         Arc::new(quinn::TokioRuntime),
     )
+}
+
+/// A UDP socket bound at `addr` with [`UDP_SOCKET_BUFFER`] asked for each
+/// way (the kernel may give less: `net.core.rmem_max`, `wmem_max`).
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_recv_buffer_size(UDP_SOCKET_BUFFER)?;
+    socket.set_send_buffer_size(UDP_SOCKET_BUFFER)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
 /// Serves `endpoint` until `shutdown.graceful` (no new connections or
@@ -278,14 +291,16 @@ enum ReadError {
     Stream(#[from] quinn::ReadError),
 }
 
-/// Reads a request frame into one buffer sized from its header; returns
-/// the gRPC message frame in it (the header's last five bytes rewritten to
-/// flag 0 and the length, which they already are but for the flag) and the
-/// timeout.
+/// Reads a request frame as the chunks it arrives in (quinn's own buffers:
+/// nothing is copied into one frame); returns the gRPC message frame — a
+/// five-byte header (flag 0, then the length the request header states)
+/// followed by those chunks — and the timeout. The pass-through reads a
+/// message in several chunks where it lies and sends the chunks on to the
+/// worker as they are ([`crate::request_view`]).
 async fn read_request(
     recv: &mut quinn::RecvStream,
     max_bytes: usize,
-) -> Result<(Bytes, u32), ReadError> {
+) -> Result<(Vec<Bytes>, u32), ReadError> {
     let mut head = [0u8; REQUEST_HEADER];
     recv.read_exact(&mut head).await.map_err(|e| match e {
         quinn::ReadExactError::FinishedEarly(_) => {
@@ -298,23 +313,45 @@ async fn read_request(
     if len > max_bytes {
         return Err(ReadError::TooLong(len));
     }
-    let mut frame = BytesMut::with_capacity(5 + len);
-    frame.put_u8(0);
-    frame.put_slice(&head[5..9]);
+    let mut header = BytesMut::with_capacity(FRAME_HEADER);
+    header.put_u8(0);
+    header.put_slice(&head[5..9]);
+    let mut chunks = vec![header.freeze()];
+    let mut received = 0;
     while let Some(chunk) = recv.read_chunk(usize::MAX, true).await? {
-        if frame.len() + chunk.bytes.len() > 5 + len {
+        received += chunk.bytes.len();
+        if received > len {
             return Err(ReadError::Malformed(
                 "request longer than its header says".into(),
             ));
         }
-        frame.extend_from_slice(&chunk.bytes);
+        chunks.push(chunk.bytes);
     }
-    if frame.len() != 5 + len {
+    if received != len {
         return Err(ReadError::Malformed(
             "request shorter than its header says".into(),
         ));
     }
-    Ok((frame.freeze(), timeout_ms))
+    Ok((chunks, timeout_ms))
+}
+
+/// A request body already received, as its chunks.
+struct Received(std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Received {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// How a relayed answer ended.
@@ -337,14 +374,14 @@ enum Relayed {
 /// uncompressed gRPC frame, exactly as long as its header says.
 async fn relay(
     infer: &InferPath,
-    frame: Bytes,
+    frame: Vec<Bytes>,
     timeout_ms: u32,
     send: &mut quinn::SendStream,
 ) -> Relayed {
     let mut req = http::Request::post(MODEL_INFER_PATH)
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
-        .body(Full::new(frame))
+        .body(Received(frame.into()))
         .expect("a path and static headers make a request");
     if timeout_ms > 0 {
         let value = http::HeaderValue::from_str(&format!("{timeout_ms}m")).expect("digits");

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
 use infermesh_proto::quic::{
-    ALPN, Answer, MAX_UDP_PAYLOAD, decode_response, encode_request_chunks,
+    ALPN, Answer, MAX_UDP_PAYLOAD, UDP_SOCKET_BUFFER, decode_response, encode_request_chunks,
 };
 use infermesh_tls::ClientTls;
 use infermesh_transport::Path;
@@ -39,6 +39,17 @@ pub struct QuicRung {
     conns: Mutex<HashMap<String, quinn::Connection>>,
 }
 
+/// A UDP socket bound at `addr` with [`UDP_SOCKET_BUFFER`] asked for each
+/// way (the kernel may give less: `net.core.rmem_max`, `wmem_max`).
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_recv_buffer_size(UDP_SOCKET_BUFFER)?;
+    socket.set_send_buffer_size(UDP_SOCKET_BUFFER)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
 impl QuicRung {
     /// The rung with `tls`.
     pub fn new(tls: ClientTls) -> Self {
@@ -52,17 +63,16 @@ impl QuicRung {
 
     fn endpoint(&self, to: SocketAddr) -> Result<quinn::Endpoint, String> {
         let (cell, bind) = if to.is_ipv4() {
-            (&self.v4, "0.0.0.0:0")
+            (&self.v4, SocketAddr::from(([0, 0, 0, 0], 0)))
         } else {
-            (&self.v6, "[::]:0")
+            (&self.v6, SocketAddr::from(([0u16; 8], 0)))
         };
         cell.get_or_init(|| {
             let mut config = quinn::EndpointConfig::default();
             config
                 .max_udp_payload_size(MAX_UDP_PAYLOAD)
                 .map_err(|e| format!("QUIC endpoint configuration: {e}"))?;
-            let socket = std::net::UdpSocket::bind(bind)
-                .map_err(|e| format!("cannot open a UDP socket: {e}"))?;
+            let socket = udp_socket(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
             quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime))
                 .map_err(|e| format!("cannot open a UDP socket: {e}"))
         })
