@@ -22,10 +22,12 @@ use prometheus_client::registry::Registry;
 pub mod gpu_usage;
 mod gpu_use;
 mod mig;
+mod tenant;
 mod worker_limit;
 
 use crate::dispatch::models::{ModelId, Models};
 use crate::dispatch::pool::Pool;
+use crate::dispatch::tenant::Tenants;
 use infermesh_gpu::{GpuDevice, GpuSample};
 use infermesh_sentinel::State;
 
@@ -79,13 +81,19 @@ pub struct ModelMetrics {
     requests: Family<Labels, Counter>,
     by_code: [OnceLock<Counter>; CODES],
     latency: Histogram,
+    /// Its tenant's latency of served requests.
+    tenant_latency: Histogram,
 }
 
 impl ModelMetrics {
     /// Records one answered request.
     pub fn request(&self, code: tonic::Code, took: Duration) {
         self.touch(code).inc();
-        self.latency.observe(took.as_secs_f64());
+        let secs = took.as_secs_f64();
+        self.latency.observe(secs);
+        if code == tonic::Code::Ok {
+            self.tenant_latency.observe(secs);
+        }
     }
 
     /// The counter of `code`, created (at zero) if it is not yet.
@@ -126,6 +134,7 @@ pub struct Metrics {
     gpu_use: gpu_use::GpuUseMetrics,
     mig: mig::MigMetrics,
     worker_limit: worker_limit::WorkerLimitMetrics,
+    tenant: tenant::TenantMetrics,
     host: HostGauges,
     models: RwLock<Vec<Arc<ModelMetrics>>>,
     unknown: Arc<ModelMetrics>,
@@ -138,8 +147,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers every family.
+    /// Registers every family; every model is the `default` tenant's.
     pub fn new() -> Self {
+        Self::with_tenants(Tenants::default())
+    }
+
+    /// Registers every family, with each model's requests counted for its
+    /// tenant among `tenants`.
+    pub fn with_tenants(tenants: Tenants) -> Self {
         let mut registry = Registry::with_prefix("infermesh");
         let requests = Family::<Labels, Counter>::default();
         let latency = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -260,8 +275,14 @@ impl Metrics {
         let gpu_use = gpu_use::GpuUseMetrics::register(&mut registry);
         let mig = mig::MigMetrics::register(&mut registry);
         let worker_limit = worker_limit::WorkerLimitMetrics::register(&mut registry);
+        let tenant = tenant::TenantMetrics::register(&mut registry, tenants);
         let host = HostGauges::register(&mut registry);
-        let unknown = Arc::new(model_metrics(UNKNOWN_MODEL.into(), &requests, &latency));
+        let unknown = Arc::new(model_metrics(
+            UNKNOWN_MODEL.into(),
+            &requests,
+            &latency,
+            tenant.latency_of(UNKNOWN_MODEL),
+        ));
         Self {
             node_state,
             workers_primed: OnceLock::new(),
@@ -269,6 +290,7 @@ impl Metrics {
             gpu_use,
             mig,
             worker_limit,
+            tenant,
             host,
             models: RwLock::new(Vec::new()),
             unknown,
@@ -313,7 +335,13 @@ impl Metrics {
         let mut all = self.models.write().unwrap_or_else(PoisonError::into_inner);
         while all.len() <= id.index() {
             let name = models.name(ModelId(all.len() as u32));
-            all.push(Arc::new(model_metrics(name, &self.requests, &self.latency)));
+            let tenant_latency = self.tenant.latency_of(&name);
+            all.push(Arc::new(model_metrics(
+                name,
+                &self.requests,
+                &self.latency,
+                tenant_latency,
+            )));
         }
         Arc::clone(&all[id.index()])
     }
@@ -452,6 +480,7 @@ impl Metrics {
         self.busy.set(load.busy_ratio);
         self.weight.set(load.weight);
         self.worker_limit.refresh(pool);
+        self.tenant.refresh(pool);
         self.host.refresh();
         let node = node_state(pool);
         for s in NODE_STATES {
@@ -624,8 +653,10 @@ fn model_metrics(
     name: Arc<str>,
     requests: &Family<Labels, Counter>,
     latency: &Family<Labels, Histogram>,
+    tenant_latency: Histogram,
 ) -> ModelMetrics {
     ModelMetrics {
+        tenant_latency,
         latency: latency
             .get_or_create(&vec![("model", name.to_string())])
             .clone(),

@@ -256,3 +256,42 @@ pub fn idle_pool() -> Arc<crate::dispatch::pool::Pool> {
     let (worker, _driver) = crate::worker::state::Worker::new(spec("w0"), 0);
     crate::dispatch::pool::Pool::new(vec![worker], 1.0, 1)
 }
+
+/// Publishes worker `index` of `pool` routable (with a process at a port
+/// nothing answers on) or not, as its supervisor would, through its
+/// `driver`: for tests of dispatch that never send a request.
+pub fn publish_routable(
+    pool: &Arc<crate::dispatch::pool::Pool>,
+    driver: &crate::worker::state::WorkerDriver,
+    index: usize,
+    routable: bool,
+) {
+    let address = "127.0.0.1:9".parse().unwrap();
+    let process = Arc::new(crate::worker::state::Process {
+        pid: 1000 + index as u32,
+        address,
+        client: infermesh_proto::oip_client(
+            "127.0.0.1:9",
+            std::time::Duration::from_secs(1),
+            1 << 20,
+        )
+        .unwrap(),
+        upstream: crate::worker::upstream::Upstream::new(
+            address,
+            tokio_util::task::TaskTracker::new(),
+        ),
+        abort: Default::default(),
+    });
+    driver.publisher.send_modify(|s| {
+        let mut next = crate::worker::state::WorkerSnapshot::clone(s);
+        next.routable = routable;
+        next.state = if routable {
+            infermesh_sentinel::State::Ready
+        } else {
+            infermesh_sentinel::State::Failed
+        };
+        next.process = routable.then_some(process);
+        *s = Arc::new(next);
+    });
+    pool.worker_changed(index);
+}

@@ -53,12 +53,8 @@ impl Node {
             .enumerate()
             .map(|(i, spec)| Worker::new(spec, i))
             .unzip();
-        let pool = Pool::with_tenants(
-            workers,
-            cfg.weight,
-            cfg.queue_capacity,
-            Tenants::new(cfg.tenants.clone()),
-        );
+        let tenants = Tenants::new(cfg.tenants.clone());
+        let pool = Pool::with_tenants(workers, cfg.weight, cfg.queue_capacity, tenants.clone());
         pool.set_orca(cfg.orca);
         let gpus = open_gpu_telemetry(cfg);
         // A slice that is not there is said once; the worker starts anyway
@@ -78,7 +74,7 @@ impl Node {
         }
         let node = Node {
             pool,
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::with_tenants(tenants)),
             patterns: Arc::new(cfg.fault_patterns.clone()),
             kernel_log: infermesh_gpu::open_kernel_log(gpus.backend()),
             gpus,

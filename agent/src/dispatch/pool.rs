@@ -409,13 +409,6 @@ impl Pool {
             .collect()
     }
 
-    /// The tenant owning `model` (its index in the configured list).
-    pub fn tenant_of(&self, model: &str) -> String {
-        let s = lock(&self.sched);
-        let tenants = s.book.tenants();
-        tenants.spec(tenants.of(model)).name.clone()
-    }
-
     /// Whether a GPU fault quarantined any worker (the node is degraded).
     pub fn degraded(&self) -> bool {
         self.workers

@@ -3,12 +3,9 @@
 
 use std::time::Duration;
 
-use tokio_util::task::TaskTracker;
-
 use super::*;
 use crate::config::WorkerSpec;
-use crate::worker::state::{WorkerDriver, WorkerSnapshot};
-use crate::worker::upstream::Upstream;
+use crate::worker::state::WorkerDriver;
 
 pub(super) struct Fixture {
     pub(super) pool: Arc<Pool>,
@@ -48,27 +45,7 @@ fn fixture(workers_spec: &[(&str, &[&str], usize)], queue: usize) -> Fixture {
 impl Fixture {
     /// Publishes worker `i` as routable or not, as its supervisor would.
     pub(super) fn set_routable(&self, i: usize, routable: bool) {
-        let address = "127.0.0.1:9".parse().unwrap();
-        let process = Arc::new(Process {
-            pid: 1000 + i as u32,
-            address,
-            client: infermesh_proto::oip_client("127.0.0.1:9", Duration::from_secs(1), 1 << 20)
-                .unwrap(),
-            upstream: Upstream::new(address, TaskTracker::new()),
-            abort: Default::default(),
-        });
-        self.drivers[i].publisher.send_modify(|s| {
-            let mut next = WorkerSnapshot::clone(s);
-            next.routable = routable;
-            next.state = if routable {
-                State::Ready
-            } else {
-                State::Failed
-            };
-            next.process = routable.then_some(process);
-            *s = Arc::new(next);
-        });
-        self.pool.worker_changed(i);
+        crate::testing::publish_routable(&self.pool, &self.drivers[i], i, routable);
     }
 
     pub(super) fn model(&self, name: &str) -> ModelId {
