@@ -148,7 +148,13 @@ impl InferPath {
         match result {
             Ok(resp) => resp,
             Err(status) => {
-                let status = Status::new(status.code(), status.message().to_string());
+                // Without its source; with its metadata (a shed request's
+                // retry hint).
+                let status = Status::with_metadata(
+                    status.code(),
+                    status.message().to_string(),
+                    status.metadata().clone(),
+                );
                 let _in = span.enter();
                 crate::trace::record("outcome", &format_args!("{:?}", status.code()));
                 self.metrics
