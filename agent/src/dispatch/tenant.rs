@@ -23,10 +23,12 @@
 //! over its share (a *borrower*) keeps a [`Book::standby`] slot free for each
 //! other tenant that is *active* (anything in flight or queued, or a
 //! request within [`IDLE_AFTER`]) and below its share: it takes a slot only
-//! while one more stays free on the workers serving that tenant, and never
-//! a worker's headroom (the requests the limit lets wait inside the worker)
-//! while such a tenant is served there — a request waiting inside the
-//! worker waits behind whoever is there. The standby never takes the last
+//! while one more stays free on the workers serving that tenant. And it
+//! never takes a worker's headroom (the requests the limit lets wait inside
+//! the worker) while another active tenant is served there, at its share
+//! or not: a request of that tenant waiting inside the worker would wait
+//! behind the borrower's (this costs the borrower the headroom's overlap of
+//! dispatch and service, not a slot). The standby never takes the last
 //! slot of the workers serving the tenant (a one-slot node stays
 //! work-conserving). When the other tenants are quiet the borrower gets
 //! everything; the lapse of a standby is seen at the next permit given

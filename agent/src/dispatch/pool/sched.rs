@@ -115,8 +115,9 @@ impl Sched {
     }
 
     /// Whether a request of tenant `t` may take a permit of `worker` now:
-    /// one is free, and `t` is below its share or leaves the standby slots
-    /// of the other tenants (see [`crate::dispatch::tenant`], "Lending").
+    /// one is free, and `t` is below its share, or leaves the worker's
+    /// headroom to the other active tenants it serves and their standby
+    /// slots free (see [`crate::dispatch::tenant`], "Lending").
     fn may_take(&self, worker: usize, t: usize, now: Instant) -> bool {
         let slot = &self.slots[worker];
         if !slot.routable || slot.in_flight >= slot.limiter.limit() {
@@ -132,15 +133,17 @@ impl Sched {
         }
         let within = slot.in_flight < slot.parallel().min(slot.limiter.limit());
         for u in (0..tenants.len()).filter(|&u| u != t) {
-            if !self.serves_tenant(worker, u) {
+            if !self.serves_tenant(worker, u) || !self.book.active(u, now) {
                 continue;
+            }
+            // A request of `u` sent into the headroom would wait inside the
+            // worker behind the borrower's.
+            if !within {
+                return false;
             }
             let standby = self.book.standby(u, node, now);
             if standby == 0 {
                 continue;
-            }
-            if !within {
-                return false;
             }
             let (all, free) = self.slots_of(u);
             if free <= standby.min(all.saturating_sub(1)) {

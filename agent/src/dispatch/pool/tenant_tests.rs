@@ -67,6 +67,15 @@ impl Fixture {
     }
 }
 
+/// `n` permits of `model`, taken one after another.
+async fn take_many(f: &Fixture, model: &str, n: usize) -> Vec<Lease> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(f.take(model).await);
+    }
+    out
+}
+
 /// Longer than any test waits: under the paused clock it passes as soon as
 /// every task waits, so a request never served fails its test at once
 /// instead of hanging it.
@@ -132,6 +141,9 @@ async fn a_tenant_below_its_share_is_served_before_one_above_it() {
     drop(a.pop());
     let got = outcome(b_waits).await.unwrap();
     assert_eq!(got.model(), f.model("lo"), "b, below its share, first");
+    // a's next needs a slot within the worker's four (b is active: no
+    // headroom for a borrower).
+    drop(a.pop());
     drop(a.pop());
     assert_eq!(outcome(a_waits).await.unwrap().model(), f.model("hi"));
 }
@@ -183,6 +195,37 @@ async fn a_borrower_keeps_a_slot_free_for_an_active_tenant_until_it_is_quiet() {
     low.push(f.take("lo").await);
     low.push(f.take("lo").await);
     assert_eq!(f.in_flight(0), 5, "the headroom too");
+}
+
+/// A tenant at its share needs no standby slot, but a borrower still never
+/// takes the headroom while it is active: that tenant's next request would
+/// wait inside the worker behind the borrower's.
+#[tokio::test(start_paused = true)]
+async fn a_borrower_never_takes_the_headroom_of_a_worker_an_active_tenant_uses() {
+    let f = high_and_low(8);
+    let high = [f.take("hi").await, f.take("hi").await];
+    let low = [f.take("lo").await, f.take("lo").await];
+    assert_eq!(f.in_flight(0), 4, "each at its share of the 4 slots");
+    // The fifth permit is headroom: not while high is active.
+    let third = f.ask("lo", None);
+    f.until_queued(1).await;
+    // High's requests end: one slot stands by for it, low's third takes
+    // the other; high's next runs at once.
+    drop(high);
+    let third = outcome(third).await.unwrap();
+    assert_eq!(f.in_flight(0), 3);
+    let again = f.take("hi").await;
+    let fourth = f.ask("lo", None);
+    f.until_queued(1).await;
+    assert_eq!(f.in_flight(0), 4);
+    // Quiet: the headroom too is lent.
+    drop(again);
+    tokio::time::advance(IDLE_AFTER).await;
+    drop(low);
+    let fourth = outcome(fourth).await.unwrap();
+    let rest = take_many(&f, "lo", 3).await;
+    assert_eq!(f.in_flight(0), 5);
+    drop((third, fourth, rest));
 }
 
 /// The standby never takes the last slot of the workers serving a tenant:
