@@ -3,7 +3,8 @@
 //! percentiles.
 //!
 //! Each of `--concurrency` tasks sends one request at a time over a shared
-//! HTTP/2 connection for `--duration` after a warm-up. The input is the
+//! HTTP/2 connection for `--duration` after a warm-up; with `--rate`,
+//! requests leave at that rate whatever the answers ([`open_loop`]). The input is the
 //! `dense` model's `INPUT0` (FP32 `[rows, 16]`, raw contents) sized to
 //! `--size-bytes` (rounded down to whole 64-byte rows, at least one row).
 
@@ -29,6 +30,7 @@ use tonic::transport::Channel;
 
 use crate::exit;
 
+mod open_loop;
 mod report;
 mod transport;
 
@@ -61,9 +63,16 @@ pub struct BenchArgs {
     /// Model to call.
     #[arg(long, default_value = "dense")]
     model: String,
-    /// Requests in flight at once (closed loop).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    concurrency: u32,
+    /// Requests in flight at once (closed loop; default 1); with --rate, the
+    /// most in flight at once (default 10000: a request due beyond it is not
+    /// sent, and is counted under `NotSent`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    concurrency: Option<u32>,
+    /// Open loop: send this many requests per second, evenly spaced, whatever
+    /// the answers (the load of callers outside the node: a steady service, a
+    /// flood), instead of --concurrency callers one request at a time.
+    #[arg(long, value_parser = open_loop::parse_rate)]
+    rate: Option<f64>,
     /// How long to measure, e.g. 10s, 500ms, 1m.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -136,6 +145,41 @@ struct TaskResult {
     errors: BTreeMap<String, u64>,
     nodes: BTreeMap<String, u64>,
     paths: BTreeMap<String, u64>,
+}
+
+impl TaskResult {
+    /// Empty, with its histograms.
+    fn new() -> Self {
+        Self {
+            hist: Some(new_histogram()),
+            hist_all: Some(new_histogram()),
+            ..Default::default()
+        }
+    }
+
+    /// Counts one measured request that took `took`; a success also in
+    /// `done`.
+    fn record(&mut self, took: Duration, outcome: Result<Carried, Failed>, done: &AtomicU64) {
+        let us = (took.as_micros() as u64).max(1);
+        self.hist_all
+            .as_mut()
+            .expect("histogram")
+            .saturating_record(us);
+        match outcome {
+            Ok(carried) => {
+                self.hist.as_mut().expect("histogram").saturating_record(us);
+                if let Some(node) = carried.node {
+                    *self.nodes.entry(node).or_default() += 1;
+                }
+                let path = carried.path.map_or("unknown", |p| p.as_str());
+                *self.paths.entry(path.to_string()).or_default() += 1;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(failed) => {
+                *self.errors.entry(failed.code).or_default() += 1;
+            }
+        }
+    }
 }
 
 /// How one successful request travelled.
@@ -504,55 +548,41 @@ async fn run(args: BenchArgs) -> i32 {
     let start = Instant::now();
     let measure_from = start + args.warmup;
     let end = measure_from + args.duration;
-    let tasks: Vec<_> = (0..args.concurrency)
-        .map(|_| {
-            let (caller, request, done) = (caller.clone(), request.clone(), Arc::clone(&done));
-            let timeout = deadline;
-            tokio::spawn(async move {
-                let mut result = TaskResult {
-                    hist: Some(new_histogram()),
-                    hist_all: Some(new_histogram()),
-                    ..Default::default()
-                };
-                loop {
-                    let sent = Instant::now();
-                    if sent >= end {
-                        break;
+    let tasks: Vec<_> = match args.rate {
+        Some(rate) => vec![tokio::spawn(open_loop::run(
+            open_loop::Load {
+                caller: caller.clone(),
+                request: request.clone(),
+                rate,
+                max_in_flight: args.concurrency.unwrap_or(open_loop::DEFAULT_MAX_IN_FLIGHT)
+                    as usize,
+                timeout: deadline,
+            },
+            (measure_from, end),
+            Arc::clone(&done),
+        ))],
+        None => (0..args.concurrency.unwrap_or(1))
+            .map(|_| {
+                let (caller, request, done) = (caller.clone(), request.clone(), Arc::clone(&done));
+                let timeout = deadline;
+                tokio::spawn(async move {
+                    let mut result = TaskResult::new();
+                    loop {
+                        let sent = Instant::now();
+                        if sent >= end {
+                            break;
+                        }
+                        let outcome = caller.call(request.clone(), timeout).await;
+                        let took = sent.elapsed();
+                        if sent >= measure_from {
+                            result.record(took, outcome, &done);
+                        }
                     }
-                    let outcome = caller.call(request.clone(), timeout).await;
-                    let took = sent.elapsed();
-                    if sent < measure_from {
-                        continue;
-                    }
-                    let us = (took.as_micros() as u64).max(1);
                     result
-                        .hist_all
-                        .as_mut()
-                        .expect("histogram")
-                        .saturating_record(us);
-                    match outcome {
-                        Ok(carried) => {
-                            result
-                                .hist
-                                .as_mut()
-                                .expect("histogram")
-                                .saturating_record(us);
-                            if let Some(node) = carried.node {
-                                *result.nodes.entry(node).or_default() += 1;
-                            }
-                            let path = carried.path.map_or("unknown", |p| p.as_str());
-                            *result.paths.entry(path.to_string()).or_default() += 1;
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(failed) => {
-                            *result.errors.entry(failed.code).or_default() += 1;
-                        }
-                    }
-                }
-                result
+                })
             })
-        })
-        .collect();
+            .collect(),
+    };
     // The client forgets a node that leaves membership: note each node's
     // last attempt while the load runs, so that one that left still shows.
     let last_attempts = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
@@ -633,7 +663,11 @@ async fn run(args: BenchArgs) -> i32 {
     let report = Report {
         target: target_name.clone(),
         model: args.model.clone(),
-        concurrency: args.concurrency,
+        concurrency: args.concurrency.unwrap_or(match args.rate {
+            Some(_) => open_loop::DEFAULT_MAX_IN_FLIGHT,
+            None => 1,
+        }),
+        rate_rps: args.rate,
         size_bytes,
         requests,
         errors: error_count,

@@ -11,7 +11,11 @@ use crate::say::say;
 pub struct Report {
     pub target: String,
     pub model: String,
+    /// Closed loop: callers; open loop: the most requests in flight.
     pub concurrency: u32,
+    /// Open loop (`--rate`): requests sent per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_rps: Option<f64>,
     pub size_bytes: usize,
     pub requests: u64,
     pub errors: u64,
@@ -57,11 +61,14 @@ pub struct Latency {
 
 /// The report as text for people (stdout, or stderr under `--json`).
 pub fn print_human(r: &Report) {
+    let load = match r.rate_rps {
+        Some(rate) => format!("rate {rate} req/s (at most {} in flight)", r.concurrency),
+        None => format!("concurrency {}", r.concurrency),
+    };
     say!(
-        "target {}  model {}  concurrency {}  payload {} B ({} rows)",
+        "target {}  model {}  {load}  payload {} B ({} rows)",
         r.target,
         r.model,
-        r.concurrency,
         r.size_bytes,
         r.size_bytes / super::ROW_BYTES
     );
