@@ -16,7 +16,7 @@ async fn infermesh(args: Vec<String>) -> Output {
         Command::new(bin("infermesh"))
             .args(&args)
             .env_remove("INFERMESH_REGISTRY")
-            .env_remove("INFERMESH_TOKEN_FILE")
+            .env_remove("INFERMESH_TOKEN_FILE") // earlier spelling: still read
             .env_remove("INFERMESH_ADMIN_TOKEN_FILE")
             .env_remove("INFERMESH_TLS_CA")
             .output()
