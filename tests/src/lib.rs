@@ -86,22 +86,36 @@ pub fn bin(name: &str) -> PathBuf {
     bin_dir().join(name)
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, and that this process has
+/// not handed out before.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports::<1>()[0]
 }
 
 /// `N` distinct loopback ports nobody listens on right now (held together
 /// while chosen: two `free_port` calls may return the same port, which made
-/// an agent's OIP and admin ports collide once in CI).
+/// an agent's OIP and admin ports collide once in CI), none handed out
+/// before by this process: a port chosen for one agent is free until that
+/// agent binds it, and the kernel gave it to the next agent spawned beside
+/// it once (`auto_weight`: "cannot listen on 127.0.0.1:39329 (admin)").
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<TcpListener> = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (mut held, mut skipped) = (Vec::new(), Vec::new());
+    while held.len() < N {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        // A port given before stays bound while looking further, so the
+        // kernel moves on.
+        if given.insert(port) {
+            held.push(l);
+        } else {
+            skipped.push(l);
+        }
+    }
     std::array::from_fn(|i| held[i].local_addr().unwrap().port())
 }
 
