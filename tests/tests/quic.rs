@@ -4,7 +4,9 @@
 //! socket that never answers) or closed is served over gRPC without a
 //! failed request, and the ladder's counters show the fallback.
 
-use infermesh_client::{Client, PathsConfig};
+use std::time::Duration;
+
+use infermesh_client::{BalancerConfig, Client, PathsConfig};
 use infermesh_proto::registry::{NodeRecord, NodeState, node_path};
 use infermesh_tests::certs::Pki;
 use infermesh_tests::zk::Zk;
@@ -41,10 +43,17 @@ async fn setup(zk: &Zk, test: &str) -> (Agent, Client, zk::Client, NodeRecord, C
         Some((&read(&trainer.cert), &read(&trainer.key))),
     )
     .unwrap();
+    // Slow start off: the dead-port nodes join after the real one and
+    // must get requests at once, not after the ramp (the fallback test
+    // sends its requests within a fraction of the ramp on a quiet machine).
     let client = Client::builder()
         .registry(zk.url("/im"))
         .service("q")
         .seed(3)
+        .balancer(BalancerConfig {
+            slow_start: Duration::ZERO,
+            ..Default::default()
+        })
         .tls(tls.clone())
         .transports(PathsConfig {
             prefer: vec![Path::Quic, Path::Grpc],
@@ -182,7 +191,22 @@ async fn blocked_or_closed_quic_ports_fall_back_to_grpc_without_failures() {
         (client.membership().nodes.len() == 3).then_some(())
     })
     .await;
-    send(&client, 60).await;
+    // The balancer takes the new nodes from membership on a task of its
+    // own, so requests go on until both dead nodes were tried (before, a
+    // fixed 60 could all leave before it had them).
+    let mut sent = 0;
+    eventually("both dead QUIC ports tried", || {
+        sent += 1;
+        let client = &client;
+        let i = sent;
+        async move {
+            let input = dense::input(2, i);
+            let resp = client.infer(dense::request(&input, true)).await.unwrap();
+            assert_eq!(dense::output(&resp).0, dense::forward(&input));
+            (client.path_counters().get(Path::Quic).fallbacks >= 2).then_some(())
+        }
+    })
+    .await;
     let c = client.path_counters();
     let (q, g) = (c.get(Path::Quic), c.get(Path::Grpc));
     assert!(q.successes > 0, "the real node's QUIC works: {c:?}");
