@@ -47,14 +47,21 @@ async fn spread(client: &Client, n: usize) -> HashMap<String, usize> {
     let input = dense::input(2, 3);
     let mut per_node = HashMap::new();
     for i in 0..n {
-        let (resp, node) = client
-            .infer_on(dense::request(&input, true))
-            .await
-            .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
-        assert_eq!(dense::output(&resp).0, dense::forward(&input));
+        let node = infer_checked(client, &input, i).await;
         *per_node.entry(node).or_default() += 1;
     }
     per_node
+}
+
+/// Sends request `i` with `input`, checks its answer and returns the node
+/// that gave it.
+async fn infer_checked(client: &Client, input: &[f32], i: usize) -> String {
+    let (resp, node) = client
+        .infer_on(dense::request(input, true))
+        .await
+        .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
+    assert_eq!(dense::output(&resp).0, dense::forward(input));
+    node
 }
 
 /// Sends `n` requests at once and counts answers per node; every answer is
@@ -63,15 +70,7 @@ async fn spread_at_once(client: &Client, n: usize) -> HashMap<String, usize> {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..n {
         let client = client.clone();
-        tasks.spawn(async move {
-            let input = dense::input(2, i as u32);
-            let (resp, node) = client
-                .infer_on(dense::request(&input, true))
-                .await
-                .unwrap_or_else(|e| panic!("request {i} failed: {e}"));
-            assert_eq!(dense::output(&resp).0, dense::forward(&input));
-            node
-        });
+        tasks.spawn(async move { infer_checked(&client, &dense::input(2, i as u32), i).await });
     }
     let mut per_node = HashMap::new();
     while let Some(node) = tasks.join_next().await {

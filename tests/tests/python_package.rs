@@ -200,8 +200,9 @@ async fn python_calls_survive_an_agent_killed_mid_load() {
     pytest(&["test_failover.py"], &env).await;
 }
 
-#[tokio::test]
-async fn python_uses_shared_memory_to_the_local_agent() {
+/// Two agents serving `identity`, one the Python tests call local (reached
+/// through shared memory) and one remote, and the environment naming them.
+async fn local_and_remote_identity_agents() -> (Agent, Agent, [(&'static str, String); 2]) {
     let local = Agent::builder()
         .worker(testworker("--model identity"))
         .start()
@@ -214,10 +215,21 @@ async fn python_uses_shared_memory_to_the_local_agent() {
         ("INFERMESH_LOCAL_NODE", local.oip.to_string()),
         ("INFERMESH_REMOTE_NODE", remote.oip.to_string()),
     ];
+    (local, remote, env)
+}
+
+/// The metric counting requests an agent carried on `path`.
+fn transport_path(path: &str) -> String {
+    format!("infermesh_transport_requests_total{{path=\"{path}\"}}")
+}
+
+#[tokio::test]
+async fn python_uses_shared_memory_to_the_local_agent() {
+    let (local, remote, env) = local_and_remote_identity_agents().await;
     pytest(&["test_shm.py"], &env).await;
     let calls = 50;
     let m = local.metrics().await;
-    let path = |p: &str| format!("infermesh_transport_requests_total{{path=\"{p}\"}}");
+    let path = transport_path;
     assert_eq!(counter(&m, &path("shm_passthrough")), calls, "{m}");
     assert_eq!(counter(&m, &path("grpc")), 0, "{m}");
     let m = remote.metrics().await;
@@ -227,20 +239,9 @@ async fn python_uses_shared_memory_to_the_local_agent() {
 
 #[tokio::test]
 async fn python_leases_shared_memory_and_views_outputs_in_place() {
-    let local = Agent::builder()
-        .worker(testworker("--model identity"))
-        .start()
-        .await;
-    let remote = Agent::builder()
-        .worker(testworker("--model identity"))
-        .start()
-        .await;
-    let env = [
-        ("INFERMESH_LOCAL_NODE", local.oip.to_string()),
-        ("INFERMESH_REMOTE_NODE", remote.oip.to_string()),
-    ];
+    let (local, remote, env) = local_and_remote_identity_agents().await;
     pytest(&["test_leased.py"], &env).await;
-    let path = |p: &str| format!("infermesh_transport_requests_total{{path=\"{p}\"}}");
+    let path = transport_path;
     let m = local.metrics().await;
     assert!(counter(&m, &path("shm_passthrough")) > 0, "{m}");
     assert_eq!(counter(&m, &path("grpc")), 0, "{m}");
