@@ -42,10 +42,10 @@ for n in node-fast node-mid node-slow; do
 done
 
 echo "== weighted P2C through the client library"
-"$bin/infermesh" bench --registry "$registry" --service fleet --concurrency 16 --duration "$duration" --wait-ready 30s --json | tee "$dir/p2c.txt" | grep -v '^{'
+"$bin/infermesh" bench --registry "$registry" --service fleet --concurrency 16 --duration "$duration" --wait-ready 30s --json > "$dir/p2c.txt"
 echo "== round robin over the same agents"
 "$bin/infermesh" bench --target "127.0.0.1:${oip[node-fast]},127.0.0.1:${oip[node-mid]},127.0.0.1:${oip[node-slow]}" \
-  --concurrency 16 --duration "$duration" --json | tee "$dir/rr.txt" | grep -v '^{'
+  --concurrency 16 --duration "$duration" --json > "$dir/rr.txt"
 
 echo "== HAProxy balance leastconn over the same agents, same weights"
 hport=$(port)
@@ -56,7 +56,7 @@ haproxy_h2_cfg "$dir/haproxy.cfg" "$hport" 2 "  balance leastconn
 haproxy -f "$dir/haproxy.cfg" -db >"$dir/haproxy.log" 2>&1 &
 pids+=($!)
 "$bin/infermesh" bench --target "127.0.0.1:$hport" --wait-ready 10s --concurrency 16 --duration "$duration" --json \
-  | tee "$dir/lc.txt" | grep -v '^{'
+  > "$dir/lc.txt"
 
 echo "== client library while node-mid is SIGKILLed after 3 s"
 "$bin/infermesh" bench --registry "$registry" --service fleet --concurrency 16 --duration "$duration" --warmup 0s --json > "$dir/kill.txt" &
