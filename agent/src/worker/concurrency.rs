@@ -24,11 +24,21 @@
 //!
 //! **Unloaded latency.** A request that ran alone on the worker (none in
 //! flight when it was sent, none sent until it answered) is a sample of it;
-//! at low load every request is one. Under sustained load there are none,
-//! so the limiter *probes*: the limit drops to 1 until [`PROBE_SAMPLES`]
-//! requests have run alone, and their mean becomes the unloaded latency
-//! (Envoy's minRTT window, with one request rather than a few: with a
-//! single-slot worker, three at once already queue). A probe runs after the
+//! at low load every request is one. The unloaded latency is the median
+//! ([`BASELINE_QUANTILE`]) of the last [`SOLO_SAMPLES`] of them, not a
+//! running mean: a lightly used worker's capacity rests on these samples
+//! alone, and a cold first request or one delayed by a busy host (a 20 ms
+//! worker read 35 ms beside two saturated ones) moved a mean by a third;
+//! the median moves only once half of the recent samples say so, so a
+//! worker that really got slower takes over after half of
+//! [`SOLO_SAMPLES`] requests (or at once through a jump probe, below). Under sustained load
+//! there are none, so the limiter *probes*: the limit drops to 1 until
+//! [`PROBE_SAMPLES`] requests have run alone, and their median becomes the
+//! unloaded latency (Envoy's minRTT window, which takes a percentile too,
+//! with one request rather than a few: with a single-slot worker, three at
+//! once already queue). The samples from before a probe are dropped (they
+//! describe the baseline it replaced), and fewer than [`SOLO_MIN`] since
+//! then do not override it. A probe runs after the
 //! first window if no request has run alone by then, every
 //! [`PROBE_INTERVAL`] (jittered, seeded) while none has since the last one,
 //! and at once when a window's latency is more
@@ -40,7 +50,9 @@
 //!
 //! **Growth and smoothing.** Until the first window shows queueing
 //! (latency above [`TOLERANCE`] over unloaded) the limit doubles on each
-//! window the worker spent at its limit (slow start); afterwards the
+//! window the worker spent at its limit (slow start; the capacity counts
+//! one doubling ahead of what was measured and of the most requests the
+//! worker was sent at once, see [`Limiter::capacity`]); afterwards the
 //! concurrency follows `p`, smoothed ([`GAIN`]), in windows where the limit
 //! binds or more requests are in flight than it serves at once; at once
 //! upwards when the limit binds and latency is at the unloaded one
@@ -107,8 +119,19 @@ pub const JUMP: f64 = 3.0;
 /// saturated (noise is averaged over about 1 / GAIN windows).
 pub const GAIN: f64 = 0.25;
 
-/// Weight of a request that ran alone outside probes in the unloaded latency.
-pub const SOLO_GAIN: f64 = 0.2;
+/// Requests that ran alone outside probes kept for the unloaded latency
+/// (the most recent; older ones age out).
+pub const SOLO_SAMPLES: usize = 16;
+
+/// Requests that ran alone since the last probe needed before they, rather
+/// than the probe, give the unloaded latency.
+pub const SOLO_MIN: usize = 4;
+
+/// The unloaded latency is this quantile of its samples (the median,
+/// the lower of the two middle ones): up to half of them can be cold or
+/// late (a busy host) without moving it, and it is the mean service time
+/// of a worker whose service time varies evenly, which `p` needs.
+pub const BASELINE_QUANTILE: f64 = 0.5;
 
 /// Requests that must run alone for a probe to end.
 pub const PROBE_SAMPLES: u32 = 8;
@@ -156,7 +179,8 @@ enum Mode {
     Probe {
         since: Instant,
         samples: u32,
-        sum: f64,
+        /// Their latencies, seconds (the first `samples`).
+        latencies: [f64; PROBE_SAMPLES as usize],
         then: Then,
         /// What started it.
         why: Why,
@@ -189,6 +213,42 @@ struct Window {
     at_limit_secs: f64,
     completions: u32,
     latency_secs: f64,
+    /// Most requests in flight at once.
+    peak: usize,
+}
+
+/// The latencies of the last [`SOLO_SAMPLES`] requests that ran alone
+/// outside probes, seconds, oldest overwritten first.
+#[derive(Debug, Default, Clone)]
+struct Solo {
+    ring: [f64; SOLO_SAMPLES],
+    len: usize,
+    next: usize,
+}
+
+impl Solo {
+    fn push(&mut self, latency: f64) {
+        self.ring[self.next] = latency;
+        self.next = (self.next + 1) % SOLO_SAMPLES;
+        self.len = (self.len + 1).min(SOLO_SAMPLES);
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.next = 0;
+    }
+}
+
+/// The [`BASELINE_QUANTILE`] of the first [`SOLO_SAMPLES`] of `samples`
+/// (of two, the smaller); `None` when empty.
+fn baseline(samples: &[f64]) -> Option<f64> {
+    let mut sorted = [0.0; SOLO_SAMPLES];
+    let n = samples.len().min(SOLO_SAMPLES);
+    let sorted = &mut sorted[..n];
+    sorted.copy_from_slice(&samples[..n]);
+    sorted.sort_unstable_by(f64::total_cmp);
+    let at = ((n.checked_sub(1)?) as f64 * BASELINE_QUANTILE).floor() as usize;
+    sorted.get(at).copied()
 }
 
 /// One worker's adaptive concurrency limit.
@@ -203,9 +263,15 @@ pub struct Limiter {
     learned: bool,
     /// Latency of a request alone, seconds.
     unloaded: Option<f64>,
+    /// Requests that ran alone since the last probe.
+    solo: Solo,
+    /// Whether `unloaded` came from a probe (not from `solo`).
+    probed: bool,
     in_flight: usize,
     since: Option<Instant>,
     window: Window,
+    /// Most requests in flight at once in the last window that closed.
+    last_peak: usize,
     dispatches: u64,
     /// The concurrency when the baseline was last measured (a probe ended,
     /// slow start learned it, or a hint gave it).
@@ -231,9 +297,12 @@ impl Limiter {
             concurrency: None,
             learned: false,
             unloaded: None,
+            solo: Solo::default(),
+            probed: false,
             in_flight: 0,
             since: None,
             window: Window::default(),
+            last_peak: 0,
             dispatches: 0,
             reference: None,
             fresh: true,
@@ -294,6 +363,13 @@ impl Limiter {
     /// asked for draws only that much traffic from weighted clients, and
     /// would never be asked for more. Slow start ends at the first window
     /// that queues with more in flight than measured.
+    ///
+    /// But only one doubling ahead of what its clients ask for, too: at
+    /// most twice the most requests in flight at once in the last window
+    /// (or the current one). A limit that no client comes near has not
+    /// been tried, and advertising it draws nothing from a client that
+    /// weighs latency as well (a 2 × 20 ms worker sent one request at a
+    /// time after a burst of two advertised 181 requests/s for 89-100).
     pub fn capacity(&self) -> Option<f64> {
         let u = self.unloaded.filter(|u| *u > 0.0)?;
         let c = self.concurrency.unwrap_or(1.0);
@@ -305,8 +381,9 @@ impl Limiter {
             } => self.explored,
             _ => 0,
         };
-        // At most twice what was measured: one doubling ahead.
-        let c = c.max((exploring as f64).min(2.0 * c));
+        let asked = 2 * self.last_peak.max(self.window.peak);
+        // At most twice what was measured and asked for: one doubling ahead.
+        let c = c.max((exploring.min(asked) as f64).min(2.0 * c));
         Some(c / u)
     }
 
@@ -315,6 +392,7 @@ impl Limiter {
         self.advance(now);
         let alone = self.in_flight == 0;
         self.in_flight += 1;
+        self.window.peak = self.window.peak.max(self.in_flight);
         let seq = self.dispatches;
         self.dispatches += 1;
         Dispatch {
@@ -335,22 +413,23 @@ impl Limiter {
         if let Mode::Probe {
             since,
             samples,
-            sum,
+            latencies,
             then,
             why,
         } = &mut self.mode
         {
-            if solo {
+            if solo && *samples < PROBE_SAMPLES {
+                latencies[*samples as usize] = latency;
                 *samples += 1;
-                *sum += latency;
             }
-            let (since, samples, sum, then, why) = (*since, *samples, *sum, *then, *why);
+            let (since, samples, latencies, then, why) =
+                (*since, *samples, *latencies, *then, *why);
             let held = now.saturating_duration_since(since);
             if samples >= PROBE_SAMPLES
                 || (samples > 0 && held >= PROBE_MAX)
                 || held >= PROBE_GIVE_UP
             {
-                self.end_probe(now, samples, sum, then, why);
+                self.end_probe(now, &latencies[..samples as usize], then, why);
             }
             return;
         }
@@ -359,10 +438,12 @@ impl Limiter {
         }
         if solo {
             self.solo_since_probe = true;
-            self.unloaded = Some(match self.unloaded {
-                Some(u) => u + SOLO_GAIN * (latency - u),
-                None => latency,
-            });
+            self.solo.push(latency);
+            // Too few since a probe measured it: the probe's stands.
+            if !self.probed || self.solo.len >= SOLO_MIN {
+                self.unloaded = baseline(&self.solo.ring[..self.solo.len]);
+                self.probed = false;
+            }
         }
         let w = &mut self.window;
         w.completions += 1;
@@ -384,7 +465,7 @@ impl Limiter {
         self.since = Some(now);
         self.window = Window::default();
         if let Mode::Probe { then, .. } = self.mode {
-            self.end_probe(now, 0, 0.0, then, Why::Routine);
+            self.end_probe(now, &[], then, Why::Routine);
         }
     }
 
@@ -407,6 +488,8 @@ impl Limiter {
     fn close_window(&mut self, now: Instant, elapsed: Duration) {
         let w = std::mem::take(&mut self.window);
         self.window.start = Some(now);
+        self.window.peak = self.in_flight;
+        self.last_peak = w.peak;
         let secs = elapsed.as_secs_f64();
         let Some(base) = self.unloaded else {
             // No request has run alone yet (a burst from the start): nothing
@@ -533,7 +616,7 @@ impl Limiter {
         self.mode = Mode::Probe {
             since: now,
             samples: 0,
-            sum: 0.0,
+            latencies: [0.0; PROBE_SAMPLES as usize],
             then,
             why,
         };
@@ -543,23 +626,24 @@ impl Limiter {
         self.window = Window::default();
     }
 
-    /// Ends a probe with `samples` requests that ran alone, `sum` seconds
-    /// in all. After a jump the worker's service time changed and its
-    /// parallelism is assumed to hold: the concurrency stays, the capacity
-    /// follows the new latency at once. A routine probe assumes the
-    /// opposite (the throughput held, the baseline's estimate moved): the
-    /// unloaded latency moves part of the way, and the concurrency, which
-    /// is measured in its units, moves with it, so the capacity — their
-    /// quotient — does not jump with the noise of a few samples.
+    /// Ends a probe with the latencies of the requests that ran alone in
+    /// it, seconds; their [`BASELINE_QUANTILE`] is its measure (one late
+    /// sample does not move it). After a jump the worker's service time
+    /// changed and its parallelism is assumed to hold: the concurrency
+    /// stays, the capacity follows the new latency at once. A routine
+    /// probe assumes the opposite (the throughput held, the baseline's
+    /// estimate moved): the unloaded latency moves part of the way, and the
+    /// concurrency, which is measured in its units, moves with it, so the
+    /// capacity — their quotient — does not jump with the noise of a few
+    /// samples.
     ///
     /// A probe before a large cut ([`Why::Drop`]) decides between the two:
     /// a baseline more than [`TOLERANCE`] slower means the requests got
     /// slower, not the worker narrower — the new baseline is taken and the
     /// concurrency goes back to what it was when the old one was measured;
     /// otherwise it is routine, and the next windows make the cut.
-    fn end_probe(&mut self, now: Instant, samples: u32, sum: f64, then: Then, why: Why) {
-        if samples > 0 {
-            let probe = sum / f64::from(samples);
+    fn end_probe(&mut self, now: Instant, samples: &[f64], then: Then, why: Why) {
+        if let Some(probe) = baseline(samples) {
             let slower = self
                 .unloaded
                 .is_some_and(|old| probe > old * (1.0 + TOLERANCE));
@@ -578,6 +662,9 @@ impl Limiter {
                 }
                 _ => self.unloaded = Some(probe),
             }
+            // What ran alone before describes the baseline this replaced.
+            self.solo.clear();
+            self.probed = true;
         }
         self.reference = self.concurrency;
         self.solo_since_probe = false;
@@ -585,6 +672,7 @@ impl Limiter {
         self.next_probe = Some(now + self.jittered(PROBE_INTERVAL));
         self.window = Window {
             start: Some(now),
+            peak: self.in_flight,
             ..Window::default()
         };
         match (then, self.concurrency) {
