@@ -4,7 +4,9 @@
 //! - a client that truncates and re-extends its registered shm file while it
 //!   sends requests gets clean errors; the agent (which copies for a
 //!   `--no-shm` worker) and a worker that reads shm itself stay up — no
-//!   `SIGBUS`, no restart — and another client keeps getting answers;
+//!   `SIGBUS`, no restart — and another client keeps getting answers; the
+//!   same for `identity`, which the worker serves by copying the input
+//!   window into a mapping of the output window (issue 27);
 //! - one client at its per-connection region limit, or the agent at its
 //!   global one, gets `RESOURCE_EXHAUSTED` naming the limit while others
 //!   still register and infer;
@@ -77,9 +79,47 @@ fn string(v: &str) -> InferParameter {
     }
 }
 
-/// A `dense` request of `rows` rows with INPUT0 at offset 0 of `input_region`
-/// and OUTPUT0 at offset 0 of `output_region`.
-fn shm_request(rows: u64, input_region: &str, output_region: &str) -> ModelInferRequest {
+/// What the hostile client asks for: `dense` (the worker reads the input
+/// and writes the output through the descriptors) or `identity` (the
+/// worker `pread`s the input window into its mapping of the output window).
+#[derive(Clone, Copy)]
+enum Served {
+    Dense,
+    Identity,
+}
+
+impl Served {
+    fn model(self) -> &'static str {
+        match self {
+            Served::Dense => "dense",
+            Served::Identity => "identity",
+        }
+    }
+
+    /// Bytes of one output row.
+    fn row_out(self) -> u64 {
+        match self {
+            Served::Dense => ROW_OUT,
+            Served::Identity => ROW_IN,
+        }
+    }
+
+    fn expected(self, input: &[f32]) -> Vec<f32> {
+        match self {
+            Served::Dense => dense::forward(input),
+            Served::Identity => input.to_vec(),
+        }
+    }
+}
+
+/// A request for `served` of `rows` rows with INPUT0 at offset 0 of
+/// `input_region` and OUTPUT0 at offset 0 of `output_region`.
+fn shm_request(
+    served: Served,
+    rows: u64,
+    input_region: &str,
+    output_region: &str,
+) -> ModelInferRequest {
     let params = |region: &str, size: u64| {
         [
             ("shared_memory_region".to_string(), string(region)),
@@ -90,7 +130,7 @@ fn shm_request(rows: u64, input_region: &str, output_region: &str) -> ModelInfer
         .collect()
     };
     ModelInferRequest {
-        model_name: "dense".into(),
+        model_name: served.model().into(),
         inputs: vec![InferInputTensor {
             name: "INPUT0".into(),
             datatype: "FP32".into(),
@@ -100,7 +140,7 @@ fn shm_request(rows: u64, input_region: &str, output_region: &str) -> ModelInfer
         }],
         outputs: vec![InferRequestedOutputTensor {
             name: "OUTPUT0".into(),
-            parameters: params(output_region, rows * ROW_OUT),
+            parameters: params(output_region, rows * served.row_out()),
         }],
         ..Default::default()
     }
@@ -150,7 +190,7 @@ async fn good_requests(agent: &Agent, count: usize) -> usize {
     ok
 }
 
-async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str) {
+async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str, served: Served) {
     let agent = Agent::builder()
         .worker(testworker(worker_flags))
         .start()
@@ -159,7 +199,7 @@ async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str) {
     let rss_before = rss_kib(agent.pid());
 
     const ROWS: u64 = 64;
-    let len = ROWS * (ROW_IN + ROW_OUT);
+    let len = ROWS * (ROW_IN + served.row_out());
     let shm = ShmFile::create(tag, len);
     let input = dense::input(ROWS as usize, 3);
     shm.file.write_all_at(&f32_to_raw(&input), 0).unwrap();
@@ -167,18 +207,24 @@ async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str) {
     register(&mut bad, "in", &shm.key, 0, ROWS * ROW_IN)
         .await
         .unwrap();
-    register(&mut bad, "out", &shm.key, ROWS * ROW_IN, ROWS * ROW_OUT)
-        .await
-        .unwrap();
+    register(
+        &mut bad,
+        "out",
+        &shm.key,
+        ROWS * ROW_IN,
+        ROWS * served.row_out(),
+    )
+    .await
+    .unwrap();
     // A clean request first: the path works before the abuse.
     let resp = bad
-        .model_infer(shm_request(ROWS, "in", "out"))
+        .model_infer(shm_request(served, ROWS, "in", "out"))
         .await
         .expect("a clean shared-memory request");
     assert!(resp.into_inner().raw_output_contents[0].is_empty());
-    let mut out = vec![0u8; (ROWS * ROW_OUT) as usize];
+    let mut out = vec![0u8; (ROWS * served.row_out()) as usize];
     shm.file.read_exact_at(&mut out, ROWS * ROW_IN).unwrap();
-    assert_eq!(raw_to_f32(&out).unwrap(), dense::forward(&input));
+    assert_eq!(raw_to_f32(&out).unwrap(), served.expected(&input));
 
     let stop = Arc::new(AtomicBool::new(false));
     let truncator = {
@@ -218,7 +264,10 @@ async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str) {
     });
     let (mut answered, mut refused) = (0, 0);
     for _ in 0..400 {
-        match bad.model_infer(shm_request(ROWS, "in", "out")).await {
+        match bad
+            .model_infer(shm_request(served, ROWS, "in", "out"))
+            .await
+        {
             Ok(_) => answered += 1,
             Err(s) => {
                 assert_eq!(
@@ -254,12 +303,22 @@ async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncating_client_cannot_crash_an_agent_that_copies() {
-    truncating_client_cannot_crash("--no-shm", "copy").await;
+    truncating_client_cannot_crash("--no-shm", "copy", Served::Dense).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncating_client_cannot_crash_a_worker_that_reads_shm() {
-    truncating_client_cannot_crash("", "pass").await;
+    truncating_client_cannot_crash("", "pass", Served::Dense).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncating_client_cannot_crash_a_worker_that_copies_between_its_regions() {
+    truncating_client_cannot_crash(
+        "--model dense --model identity",
+        "identity",
+        Served::Identity,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -299,7 +358,7 @@ async fn region_limits_leave_room_for_other_clients() {
         .await
         .unwrap();
     other
-        .model_infer(shm_request(1, "in", "out"))
+        .model_infer(shm_request(Served::Dense, 1, "in", "out"))
         .await
         .expect("the other client infers");
     let mut out = vec![0u8; ROW_OUT as usize];
@@ -363,7 +422,7 @@ async fn a_full_worker_table_means_inline_copies_not_failures() {
     }
     for (client, at) in &mut clients {
         let resp = client
-            .model_infer(shm_request(2, "in", "out"))
+            .model_infer(shm_request(Served::Dense, 2, "in", "out"))
             .await
             .expect("a full worker table does not fail the request");
         assert!(resp.into_inner().raw_output_contents[0].is_empty());
@@ -420,16 +479,16 @@ impl Case {
             Case::OverflowingWindow => register(c, "x", key, u64::MAX, 2).await,
             Case::HugeRegionName => register(c, &"n".repeat(1 << 20), key, 0, 16).await,
             Case::WindowPastEndOfFile => register(c, "x", key, 0, 1 << 20).await,
-            Case::UnknownRegion => infer(shm_request(1, "nope", "nope")).await,
+            Case::UnknownRegion => infer(shm_request(Served::Dense, 1, "nope", "nope")).await,
             Case::OffsetPastWindow => {
-                let mut req = shm_request(1, "in", "out");
+                let mut req = shm_request(Served::Dense, 1, "in", "out");
                 req.inputs[0]
                     .parameters
                     .insert("shared_memory_offset".into(), int(1 << 40));
                 infer(req).await
             }
             Case::NegativeShmSize => {
-                let mut req = shm_request(1, "in", "out");
+                let mut req = shm_request(Served::Dense, 1, "in", "out");
                 req.inputs[0].parameters.insert(
                     "shared_memory_byte_size".into(),
                     InferParameter {
@@ -449,7 +508,7 @@ impl Case {
                 infer(req).await
             }
             Case::OutputWindowTooSmall => {
-                let mut req = shm_request(1, "in", "out");
+                let mut req = shm_request(Served::Dense, 1, "in", "out");
                 req.outputs[0]
                     .parameters
                     .insert("shared_memory_byte_size".into(), int(ROW_OUT - 1));

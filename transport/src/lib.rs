@@ -29,20 +29,24 @@
 //!
 //! The house rule is `#![forbid(unsafe_code)]` outside `gpu/` and `rdma/`.
 //! Our own client maps the regions it creates, and reading a mapping is
-//! `unsafe`, so this crate *denies* `unsafe` and allows it in two small
+//! `unsafe`, so this crate *denies* `unsafe` and allows it in three small
 //! modules: `shm/mapping.rs` (bounds-checked raw copies in and out of a
 //! mapping of an object this process created, and a `pread` into a new
-//! vector without zeroing it first) and `shm/lease.rs` (slices of a leased
+//! vector without zeroing it first), `shm/lease.rs` (slices of a leased
 //! region lent to the one holder of its lease: mutable while it holds it
 //! alone, read-only once shared; the argument is in its module docs —
-//! issue 27's zero-copy ends). Typed views go through `zerocopy`. Each
-//! block carries a `SAFETY` comment.
+//! issue 27's zero-copy ends) and `shm/foreign_mapping.rs` (a `pread` into
+//! a mapping of a client's object, which only the kernel ever writes).
+//! Typed views go through `zerocopy`. Each block carries a `SAFETY`
+//! comment.
 //!
-//! The server side (the agent, the test worker) never maps an object a
-//! client registered: a client that truncates its file would make any access
-//! to the mapping raise `SIGBUS` and kill the server. It copies with
-//! `pread`/`pwrite` on the file descriptor instead, which a truncated file
-//! turns into an error (see [`ShmRegion`]). What remains from the other
+//! The server side (the agent, the test worker) never reads or writes a
+//! client's object through a mapping: a client that truncates its file
+//! would make such an access raise `SIGBUS` and kill the server. It copies
+//! with `pread`/`pwrite` on the file descriptor instead, which a truncated
+//! file turns into an error (see [`ShmRegion`]); a copy from one client
+//! region to another is a `pread` into the destination's mapping, where a
+//! truncated page is the kernel's `EFAULT`, not a signal. What remains from the other
 //! process is a torn copy when a client writes a tensor while the server
 //! reads it — the client's contract to avoid, as in Triton. Serve shared
 //! memory to local clients you trust with your shm directory (see

@@ -11,9 +11,12 @@
 //!   come back as views of the region ([`SharedLease::view`]), not copies.
 //! - Both sit on [`ShmRegion`], a bounds-checked window of a key validated
 //!   by [`ShmKey`]: mapped when we created it, copied with `pread`/`pwrite`
-//!   when a client did (so a client truncating its file cannot fault us).
+//!   when a client did (so a client truncating its file cannot fault us);
+//!   a server's copy from one client region to another is a `pread` into
+//!   the destination's mapping, which only the kernel writes.
 
 mod exchange;
+mod foreign_mapping;
 mod key;
 mod layout;
 mod lease;

@@ -1,7 +1,7 @@
 //! [`ShmRegion`]: a window of a POSIX shared-memory object with a safe,
 //! bounds-checked, copy-in/copy-out API.
 //!
-//! # Why a server never maps a client's object
+//! # Why a server never touches a client's object through a mapping
 //!
 //! A region comes in two kinds, and they move bytes differently:
 //!
@@ -11,12 +11,20 @@
 //!   client registered): the object belongs to another process, which can
 //!   truncate it at any moment. Touching a mapped page past the new end of
 //!   file raises `SIGBUS`, which kills the whole server; no length check
-//!   before the copy can close that race. So an opened region is **never
-//!   mapped**: copies are `pread(2)`/`pwrite(2)` on its file descriptor,
-//!   which the kernel bounds by the file's length at the time of the call —
-//!   a truncated file gives a short read (reported as
-//!   [`ShmError::Truncated`]), never a fault. No slice of another process's
-//!   memory is ever lent out either: every access is a copy.
+//!   before the copy can close that race. So this process's code never
+//!   reads or writes an opened region's memory: copies are
+//!   `pread(2)`/`pwrite(2)` on its file descriptor, which the kernel bounds
+//!   by the file's length at the time of the call — a truncated file gives
+//!   a short read (reported as [`ShmError::Truncated`]), never a fault. No
+//!   slice of another process's memory is ever lent out either: every
+//!   access is a copy.
+//! - A copy from one opened region to another ([`ShmRegion::copy_to`], a
+//!   server computing on shared memory) is a `pread` from the source's
+//!   descriptor *into a mapping of the destination*, made once and kept
+//!   while the region is registered ([`ForeignMapping`]): the kernel, not
+//!   this process, writes the mapped pages, and a page past a truncated end
+//!   fails the call with `EFAULT` instead of raising a signal. One copy at
+//!   memory speed, still never a fault.
 //!
 //! Sealing (`memfd` + `F_SEAL_SHRINK`) would also rule out the fault, but
 //! only for objects the client created that way; Triton's convention (and
@@ -24,15 +32,19 @@
 //! cannot require it. On tmpfs a `pread` costs about what the `memcpy` from a
 //! mapping does (one copy either way, plus one system call per tensor); see
 //! `benches/shm_copy.rs`.
+//!
+//! [`ForeignMapping`]: super::foreign_mapping::ForeignMapping
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 
+use super::foreign_mapping::{ForeignMapping, Shortfall};
 use super::key::{ShmDir, ShmKey};
 use super::mapping::Mapping;
 use crate::error::ShmError;
@@ -53,6 +65,8 @@ pub struct ShmRegion {
     offset: u64,
     /// Bytes in the window (> 0).
     len: u64,
+    /// The file's device and inode: two windows of one file may overlap.
+    file_id: (u64, u64),
     access: Access,
 }
 
@@ -60,8 +74,11 @@ pub struct ShmRegion {
 enum Access {
     /// Created here: ours, mapped; the file is unlinked on drop.
     Owned(Mapping),
-    /// Opened here: another process's object; `pread`/`pwrite` only.
-    Opened,
+    /// Opened here: another process's object; `pread`/`pwrite` only, and
+    /// the window's mapping, made the first time it is a
+    /// [`copy_to`](ShmRegion::copy_to) destination, written only by the
+    /// kernel.
+    Opened(OnceLock<ForeignMapping>),
 }
 
 impl ShmRegion {
@@ -107,7 +124,8 @@ impl ShmRegion {
             file,
             offset,
             len: byte_size,
-            access: Access::Opened,
+            file_id: (meta.dev(), meta.ino()),
+            access: Access::Opened(OnceLock::new()),
         })
     }
 
@@ -137,15 +155,20 @@ impl ShmRegion {
             .map_err(created)?;
         let mapped = file
             .set_len(size)
+            .and_then(|()| file.metadata())
             .map_err(created)
-            .and_then(|()| Mapping::new(&file, 0, len).map_err(created));
+            .and_then(|meta| {
+                let map = Mapping::new(&file, 0, len).map_err(created)?;
+                Ok((map, (meta.dev(), meta.ino())))
+            });
         match mapped {
-            Ok(map) => Ok(Self {
+            Ok((map, file_id)) => Ok(Self {
                 key,
                 path,
                 file,
                 offset: 0,
                 len: size,
+                file_id,
                 access: Access::Owned(map),
             }),
             Err(e) => {
@@ -160,7 +183,7 @@ impl ShmRegion {
     pub(crate) fn mapping(&self) -> Option<&Mapping> {
         match &self.access {
             Access::Owned(map) => Some(map),
-            Access::Opened => None,
+            Access::Opened(_) => None,
         }
     }
 
@@ -214,7 +237,7 @@ impl ShmRegion {
         let len = self.range(offset, len)?;
         match &self.access {
             Access::Owned(map) => Ok(Bytes::from(map.to_vec(offset as usize, len))),
-            Access::Opened => {
+            Access::Opened(_) => {
                 match super::mapping::pread_new(&self.file, self.offset + offset, len) {
                     Ok(out) => Ok(Bytes::from(out)),
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
@@ -234,7 +257,7 @@ impl ShmRegion {
                 map.copy_out(offset as usize, dst);
                 Ok(())
             }
-            Access::Opened => self.pread(offset, dst),
+            Access::Opened(_) => self.pread(offset, dst),
         }
     }
 
@@ -252,7 +275,7 @@ impl ShmRegion {
                 map.copy_in(offset as usize, data);
                 Ok(())
             }
-            Access::Opened => {
+            Access::Opened(_) => {
                 let at = self.offset + offset;
                 let file_len = self.file_len();
                 if at + data.len() as u64 > file_len {
@@ -266,10 +289,11 @@ impl ShmRegion {
     }
 
     /// Copies `len` bytes from `offset` of this window to `dst_offset` of
-    /// `dst`'s window without a buffer here: `copy_file_range(2)`, one copy
-    /// in the kernel, where a read and a write would be two (and the read's
-    /// buffer a third pass). Where the kernel cannot (another file system,
-    /// overlapping ranges of one file) it reads and writes instead. Both
+    /// `dst`'s window without a buffer here: when `dst` was opened here, a
+    /// `pread(2)` from this region's descriptor into `dst`'s mapping (made
+    /// on the first copy, kept while `dst` lives; the module docs say why
+    /// that cannot fault). Into a region created here, or between
+    /// overlapping ranges of one file, it reads and writes instead. Both
     /// windows are bounds-checked; as with [`write`](ShmRegion::write), a
     /// destination file its owner shrank is refused, and a source shrunk
     /// meanwhile is [`ShmError::Truncated`] — never a fault.
@@ -280,45 +304,33 @@ impl ShmRegion {
         dst_offset: u64,
         len: u64,
     ) -> Result<(), ShmError> {
-        self.range(offset, len)?;
+        let n = self.range(offset, len)?;
         dst.range(dst_offset, len)?;
-        let (mut from, mut to) = (self.offset + offset, dst.offset + dst_offset);
-        let end = to + len;
-        if end > dst.file_len() {
-            return Err(dst.truncated(dst.file_len()));
-        }
-        let as_off = |o: u64| {
-            i64::try_from(o).map_err(|_| self.copy_error(io::ErrorKind::InvalidInput.into()))
-        };
-        while to < end {
-            let (mut f, mut t) = (as_off(from)?, as_off(to)?);
-            let want = usize::try_from(end - to).unwrap_or(usize::MAX);
-            match nix::fcntl::copy_file_range(
-                &self.file,
-                Some(&mut f),
-                &dst.file,
-                Some(&mut t),
-                want,
-            ) {
-                Ok(0) => return Err(self.truncated(self.file_len())),
-                Ok(n) => {
-                    from += n as u64;
-                    to += n as u64;
-                }
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(
-                    nix::errno::Errno::EXDEV
-                    | nix::errno::Errno::EINVAL
-                    | nix::errno::Errno::ENOSYS
-                    | nix::errno::Errno::EOPNOTSUPP,
-                ) => {
-                    let bytes = self.read(from - self.offset, end - to)?;
-                    return dst.write(to - dst.offset, &bytes);
-                }
-                Err(e) => return Err(self.copy_error(e.into())),
+        let (from, to) = (self.offset + offset, dst.offset + dst_offset);
+        let overlapping = self.file_id == dst.file_id && from < to + len && to < from + len;
+        let mapping = match &dst.access {
+            Access::Opened(mapping) if !overlapping => mapping,
+            _ => {
+                let bytes = self.read(offset, len)?;
+                return dst.write(dst_offset, &bytes);
             }
+        };
+        let mapping = match mapping.get() {
+            Some(m) => m,
+            None => {
+                let m = ForeignMapping::new(&dst.file, dst.offset, dst.len as usize)
+                    .map_err(|source| dst.copy_error(source))?;
+                // Two first copies at once: one mapping is kept.
+                let _ = mapping.set(m);
+                mapping.get().expect("set above")
+            }
+        };
+        match mapping.read_from(dst_offset as usize, &self.file, from, n) {
+            Ok(()) => Ok(()),
+            Err(Shortfall::SourceEnded) => Err(self.truncated(self.file_len())),
+            Err(Shortfall::DestinationGone) => Err(dst.truncated(dst.file_len())),
+            Err(Shortfall::Os(source)) => Err(self.copy_error(source)),
         }
-        Ok(())
     }
 
     /// `pread` of `dst.len()` bytes at window offset `offset` (in bounds).
@@ -427,7 +439,7 @@ mod tests {
     }
 
     #[test]
-    fn copy_to_copies_between_windows_in_the_kernel_or_not() {
+    fn copy_to_copies_between_windows_through_a_mapping_or_a_buffer() {
         let dir = TestDir::new("region-copy");
         let client = ShmRegion::create_in(dir.shm(), "cp", 1 << 20).unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
@@ -436,8 +448,8 @@ mod tests {
         let b = ShmRegion::open_in(dir.shm(), "cp", 512 << 10, 300_000).unwrap();
         a.copy_to(0, &b, 0, 300_000).unwrap();
         assert_eq!(&b.read(0, 300_000).unwrap()[..], &data[..]);
-        // Overlapping ranges of one file: the kernel refuses, the copy is
-        // made through a buffer.
+        // Overlapping ranges of one file: the copy is made through a
+        // buffer, as `memmove` would.
         let whole = ShmRegion::open_in(dir.shm(), "cp", 0, 1 << 20).unwrap();
         whole.copy_to(4096, &whole, 4096 + 100, 1000).unwrap();
         assert_eq!(&whole.read(4196, 1000).unwrap()[..], &data[..1000]);
@@ -460,6 +472,73 @@ mod tests {
             Err(ShmError::Truncated { .. })
         ));
         assert_eq!(file.metadata().unwrap().len(), 8192);
+    }
+
+    /// Mappings of `path` in this process, from `/proc/self/maps`.
+    fn mappings_of(path: &std::path::Path) -> usize {
+        let path = path.to_str().unwrap();
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| l.ends_with(path))
+            .count()
+    }
+
+    #[test]
+    fn a_copy_destination_is_mapped_once_and_unmapped_with_its_region() {
+        let dir = TestDir::new("region-map-once");
+        let client = ShmRegion::create_in(dir.shm(), "m", 1 << 20).unwrap();
+        let path = dir.shm().path().join("m");
+        assert_eq!(mappings_of(&path), 1, "the client's own mapping");
+        let a = ShmRegion::open_in(dir.shm(), "m", 0, 256 << 10).unwrap();
+        let b = ShmRegion::open_in(dir.shm(), "m", 512 << 10, 256 << 10).unwrap();
+        for i in 0..10u8 {
+            client.write(0, &[i; 4096]).unwrap();
+            a.copy_to(0, &b, 4096, 4096).unwrap();
+            let mut out = [0u8; 4096];
+            client.read_into((512 << 10) + 4096, &mut out).unwrap();
+            assert_eq!(out, [i; 4096]);
+        }
+        assert_eq!(
+            mappings_of(&path),
+            2,
+            "the destination is mapped once for all its copies; the source never"
+        );
+        drop(b);
+        assert_eq!(mappings_of(&path), 1, "unmapped when the region goes");
+    }
+
+    #[test]
+    fn copies_survive_a_destination_truncated_and_re_extended_meanwhile() {
+        // The destination's mapping is written by the kernel (`pread`), so
+        // a page past the end is `EFAULT`, not a `SIGBUS` killing the test.
+        let dir = TestDir::new("region-copy-race");
+        let size = 1 << 20;
+        let _c = ShmRegion::create_in(dir.shm(), "src", size).unwrap();
+        let _d = ShmRegion::create_in(dir.shm(), "dst", size).unwrap();
+        let src = ShmRegion::open_in(dir.shm(), "src", 0, size).unwrap();
+        let dst = ShmRegion::open_in(dir.shm(), "dst", 0, size).unwrap();
+        let path = dir.shm().path().join("dst");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (mut ok, mut truncated) = (0, 0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = OpenOptions::new().write(true).open(&path).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    file.set_len(0).unwrap();
+                    file.set_len(size).unwrap();
+                }
+            });
+            for _ in 0..2000 {
+                match src.copy_to(0, &dst, 0, size) {
+                    Ok(()) => ok += 1,
+                    Err(ShmError::Truncated { .. }) => truncated += 1,
+                    Err(e) => panic!("unexpected {e}"),
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(ok + truncated, 2000);
     }
 
     #[test]
