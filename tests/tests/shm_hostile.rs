@@ -96,6 +96,15 @@ impl Served {
         }
     }
 
+    /// Rows the hostile client sends: `identity`'s windows are 1 MiB, so
+    /// that its copies take long enough for truncations to land in them.
+    fn rows(self) -> u64 {
+        match self {
+            Served::Dense => 64,
+            Served::Identity => 16384,
+        }
+    }
+
     /// Bytes of one output row.
     fn row_out(self) -> u64 {
         match self {
@@ -198,32 +207,32 @@ async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str, served: S
     let before = agent.status().await.workers[0].clone();
     let rss_before = rss_kib(agent.pid());
 
-    const ROWS: u64 = 64;
-    let len = ROWS * (ROW_IN + served.row_out());
+    let rows = served.rows();
+    let len = rows * (ROW_IN + served.row_out());
     let shm = ShmFile::create(tag, len);
-    let input = dense::input(ROWS as usize, 3);
+    let input = dense::input(rows as usize, 3);
     shm.file.write_all_at(&f32_to_raw(&input), 0).unwrap();
     let mut bad = agent.client().await;
-    register(&mut bad, "in", &shm.key, 0, ROWS * ROW_IN)
+    register(&mut bad, "in", &shm.key, 0, rows * ROW_IN)
         .await
         .unwrap();
     register(
         &mut bad,
         "out",
         &shm.key,
-        ROWS * ROW_IN,
-        ROWS * served.row_out(),
+        rows * ROW_IN,
+        rows * served.row_out(),
     )
     .await
     .unwrap();
     // A clean request first: the path works before the abuse.
     let resp = bad
-        .model_infer(shm_request(served, ROWS, "in", "out"))
+        .model_infer(shm_request(served, rows, "in", "out"))
         .await
         .expect("a clean shared-memory request");
     assert!(resp.into_inner().raw_output_contents[0].is_empty());
-    let mut out = vec![0u8; (ROWS * served.row_out()) as usize];
-    shm.file.read_exact_at(&mut out, ROWS * ROW_IN).unwrap();
+    let mut out = vec![0u8; (rows * served.row_out()) as usize];
+    shm.file.read_exact_at(&mut out, rows * ROW_IN).unwrap();
     assert_eq!(raw_to_f32(&out).unwrap(), served.expected(&input));
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -265,7 +274,7 @@ async fn truncating_client_cannot_crash(worker_flags: &str, tag: &str, served: S
     let (mut answered, mut refused) = (0, 0);
     for _ in 0..400 {
         match bad
-            .model_infer(shm_request(served, ROWS, "in", "out"))
+            .model_infer(shm_request(served, rows, "in", "out"))
             .await
         {
             Ok(_) => answered += 1,

@@ -11,6 +11,10 @@
 //!   opens the client's object and uses `pread`/`pwrite` (never a mapping:
 //!   a client truncating its file must not be able to raise `SIGBUS` in
 //!   the server). Compare with `shm_read` / `shm_write`.
+//! - `server_copy_to`: a server copying one client window into another
+//!   ([`ShmRegion::copy_to`], the test worker's `identity` on shared
+//!   memory): a `pread` into its mapping of the destination. Compare with
+//!   `memcpy`.
 //!
 //! The region lives in `/dev/shm` (tmpfs), is touched once before measuring
 //! (no first-touch page faults in the figures) and is unlinked at the end.
@@ -31,9 +35,14 @@ fn shm_copy(c: &mut Criterion) {
     let key = format!("/infermesh-bench-{}", std::process::id());
     let region = ShmRegion::create(&key, largest as u64).expect("create a region in /dev/shm");
     let server = ShmRegion::open(&key, 0, largest as u64).expect("open the region as a server");
+    let out_key = format!("/infermesh-bench-out-{}", std::process::id());
+    let out = ShmRegion::create(&out_key, largest as u64).expect("create a second region");
+    let server_out =
+        ShmRegion::open(&out_key, 0, largest as u64).expect("open the second region as a server");
     let src: Vec<u8> = (0..largest).map(|i| i as u8).collect();
     let mut dst = vec![0u8; largest];
     region.write(0, &src).expect("touch every page once");
+    out.write(0, &src).expect("touch every page once");
 
     let mut group = c.benchmark_group("shm_copy");
     for (size, label) in SIZES {
@@ -62,6 +71,9 @@ fn shm_copy(c: &mut Criterion) {
         });
         group.bench_with_input(BenchmarkId::new("server_write", label), &size, |b, _| {
             b.iter(|| server.write(0, black_box(src)).unwrap())
+        });
+        group.bench_with_input(BenchmarkId::new("server_copy_to", label), &size, |b, _| {
+            b.iter(|| server.copy_to(0, &server_out, 0, size as u64).unwrap())
         });
         group.bench_with_input(BenchmarkId::new("shm_write_read", label), &size, |b, _| {
             b.iter(|| {
