@@ -1,5 +1,6 @@
 //! Keeping workers alive and trustworthy: one supervisor per worker
-//! driving its sentinel ([`supervisor`]), starting processes ([`launch`]'s
+//! driving its sentinel ([`supervisor`]) and probing it from a thread of
+//! its own ([`prober`]), starting processes ([`launch`]'s
 //! seam, [`spawn`], [`pdeathsig`], [`output`]), health checks
 //! ([`health`]), GPU fault events and slices ([`gpu`]), and the capacity
 //! task ([`capacity_task`]).
@@ -10,5 +11,6 @@ pub mod health;
 pub mod launch;
 pub mod output;
 pub mod pdeathsig;
+pub mod prober;
 pub mod spawn;
 pub mod supervisor;

@@ -22,6 +22,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::config::WorkerSpec;
 use crate::supervision::launch::{Exit, Launched, Launcher, OutputSink};
+use crate::supervision::prober::Prober;
 
 /// Starts in-process test workers.
 #[derive(Default)]
@@ -125,6 +126,12 @@ impl Launcher for FakeLauncher {
             exit_rx,
             ignore_sigterm: self.ignore_sigterm,
         }))
+    }
+
+    /// Its workers are served on the test's runtime, under its paused
+    /// clock: probed from that runtime too.
+    fn prober(&self) -> Arc<Prober> {
+        Prober::inline()
     }
 }
 

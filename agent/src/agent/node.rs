@@ -101,6 +101,7 @@ impl Node {
             sentinel: cfg.sentinel.clone(),
             probe_interval: cfg.probe_interval,
             probe_timeout: cfg.probe_timeout,
+            prober: launcher.prober(),
             launcher,
             tasks: tasks.background.clone(),
         };

@@ -21,6 +21,7 @@ use infermesh_sentinel::FaultPatterns;
 use nix::sys::signal::Signal;
 
 use crate::config::WorkerSpec;
+use crate::supervision::prober::Prober;
 use crate::worker::inbox::Reporter;
 use crate::worker::worker_log::WorkerLog;
 
@@ -51,6 +52,17 @@ pub trait Launched: Send {
 pub trait Launcher: Send + Sync + 'static {
     /// Starts one process of `spec`, its output going to `output`.
     fn launch(&self, spec: &WorkerSpec, output: OutputSink) -> io::Result<Box<dyn Launched>>;
+
+    /// Where the liveness probes of its processes run: a thread of their
+    /// own ([`Prober::dedicated`]), so that a busy agent is not taken for
+    /// a hung worker. Processes that live on the caller's runtime (the
+    /// in-process fakes, under tokio's paused clock) are probed from it.
+    fn prober(&self) -> Arc<Prober> {
+        Prober::dedicated().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot start the probe thread: liveness probes share the agent's runtime");
+            Prober::inline()
+        })
+    }
 }
 
 /// Where one worker's output lines go.

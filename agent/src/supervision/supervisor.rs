@@ -16,8 +16,9 @@
 //! `RepositoryIndex` when not configured), `ModelReady` and `ModelMetadata`
 //! are polled every 25 ms until ready, then its health checks gate it. Once
 //! ready, a liveness probe (`ServerLive` + `ModelReady`) runs every
-//! `probe_interval`; one not answered within `probe_timeout` is reported as
-//! a timeout (a hang). While it serves, the progress of its requests
+//! `probe_interval` on the [`Prober`]'s thread, over a connection of its
+//! own; one not answered within `probe_timeout` (timed there, so a busy
+//! agent is not taken for a hung worker) is reported as a timeout (a hang). While it serves, the progress of its requests
 //! ([`Pool::progress`]) is fed to the sentinel every
 //! [`PROGRESS_INTERVAL`] for the stall watchdog; when the sentinel gives up
 //! on a stuck process its requests in flight are aborted
@@ -49,6 +50,7 @@ use crate::dispatch::pool::Pool;
 use crate::metrics::Metrics;
 use crate::supervision::health;
 use crate::supervision::launch::{Exit, Launched, Launcher, OutputSink};
+use crate::supervision::prober::Prober;
 use crate::supervision::spawn::describe;
 use crate::worker::inbox::{Control, Input, MAX_ERRORS_PER_WAKE, ProcessReports};
 use crate::worker::state::{Process, Worker, WorkerDriver, WorkerSnapshot};
@@ -86,6 +88,8 @@ pub struct Context {
     pub probe_interval: Duration,
     /// Liveness probe timeout.
     pub probe_timeout: Duration,
+    /// Where liveness probes run ([`Prober`]: on a thread of their own).
+    pub prober: Arc<Prober>,
     /// Health checks and their schedule.
     pub health: Arc<HealthConfig>,
     /// Starts worker processes.
@@ -150,6 +154,7 @@ pub async fn supervise(
         kill_at: None,
         next_probe: None,
         probe: None,
+        probe_client: None,
         next_health: None,
         health: None,
         health_waiting: Vec::new(),
@@ -178,6 +183,9 @@ struct Supervisor {
     kill_at: Option<Instant>,
     next_probe: Option<Instant>,
     probe: Option<ProbeFuture>,
+    /// The current process's liveness-probe client, its connection driven
+    /// by the prober's runtime.
+    probe_client: Option<GrpcInferenceServiceClient<Channel>>,
     next_health: Option<Instant>,
     health: Option<HealthFuture>,
     /// Callers of `RunHealthChecks` waiting for the running round.
@@ -461,6 +469,8 @@ impl Supervisor {
                 self.update(|s| s.process = Some(process));
                 self.driver.log.push_event("spawned", format!("pid {pid}"));
                 self.probe = None;
+                self.probe_client =
+                    Some(self.ctx.prober.client(address, self.ctx.max_message_bytes));
                 self.next_probe = Some(now());
                 self.health = None;
                 self.next_health = None;
@@ -562,10 +572,15 @@ impl Supervisor {
             })),
             State::Ready | State::Degraded | State::Draining => {
                 let models = snap.models.clone().unwrap_or_else(|| Arc::from(Vec::new()));
+                let prober = Arc::clone(&self.ctx.prober);
+                let client = self
+                    .probe_client
+                    .clone()
+                    .unwrap_or_else(|| process.client.clone());
                 Some(Box::pin(async move {
-                    let ok = tokio::time::timeout(timeout, live(&models, process.client.clone()))
-                        .await
-                        .unwrap_or(false);
+                    // Timed on the prober's thread: a verdict of the
+                    // worker, however busy this runtime is.
+                    let ok = prober.live(client, models, timeout).await;
                     ProbeResult {
                         generation,
                         kind: ProbeKind::Liveness,
@@ -862,23 +877,5 @@ async fn parallelism(
 }
 
 /// One liveness check: the server is live and its models are ready.
-async fn live(models: &[String], mut client: GrpcInferenceServiceClient<Channel>) -> bool {
-    match client.server_live(ServerLiveRequest {}).await {
-        Ok(r) if r.get_ref().live => {}
-        _ => return false,
-    }
-    for model in models {
-        let req = ModelReadyRequest {
-            name: model.clone(),
-            version: String::new(),
-        };
-        match client.model_ready(req).await {
-            Ok(r) if r.get_ref().ready => {}
-            _ => return false,
-        }
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests;

@@ -88,6 +88,7 @@ async fn node() -> Node {
         sentinel: SentinelConfig::default(),
         probe_interval: Duration::from_secs(1),
         probe_timeout: Duration::from_secs(1),
+        prober: crate::supervision::prober::Prober::inline(),
         health: Arc::new(HealthConfig::default()),
         launcher: Arc::clone(&launcher) as Arc<dyn Launcher>,
         tasks: TaskTracker::new(),
