@@ -79,19 +79,25 @@ impl Prober {
     }
 
     /// A client for the worker at `address` whose connection is driven by
-    /// the probes' runtime (lazily connected, on the first probe).
+    /// the probes' runtime (lazily connected, on the first probe). `None`
+    /// for an inline prober: probes then share the process's own client,
+    /// as they did before there was a probe thread (a second connection
+    /// per fake worker would only add I/O for the paused clock to race).
     pub fn client(
         &self,
         address: SocketAddr,
         max_message_bytes: usize,
-    ) -> GrpcInferenceServiceClient<Channel> {
-        let _on = self.runtime.as_ref().map(Handle::enter);
-        infermesh_proto::oip_client(&address.to_string(), CONNECT_TIMEOUT, max_message_bytes)
-            .expect("a socket address is a valid URI")
+    ) -> Option<GrpcInferenceServiceClient<Channel>> {
+        let runtime = self.runtime.as_ref()?;
+        let _on = runtime.enter();
+        let client =
+            infermesh_proto::oip_client(&address.to_string(), CONNECT_TIMEOUT, max_message_bytes)
+                .expect("a socket address is a valid URI");
+        Some(client)
     }
 
-    /// Whether the worker behind `client` (made by [`Prober::client`])
-    /// answers live and every one of `models` ready within `timeout`, timed
+    /// Whether the worker behind `client` (made by [`Prober::client`], or
+    /// the process's own for an inline prober) answers live and every one of `models` ready within `timeout`, timed
     /// on the probes' runtime.
     pub async fn live(
         &self,

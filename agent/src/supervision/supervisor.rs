@@ -184,7 +184,7 @@ struct Supervisor {
     next_probe: Option<Instant>,
     probe: Option<ProbeFuture>,
     /// The current process's liveness-probe client, its connection driven
-    /// by the prober's runtime.
+    /// by the prober's runtime; `None`: the process's own client.
     probe_client: Option<GrpcInferenceServiceClient<Channel>>,
     next_health: Option<Instant>,
     health: Option<HealthFuture>,
@@ -469,8 +469,7 @@ impl Supervisor {
                 self.update(|s| s.process = Some(process));
                 self.driver.log.push_event("spawned", format!("pid {pid}"));
                 self.probe = None;
-                self.probe_client =
-                    Some(self.ctx.prober.client(address, self.ctx.max_message_bytes));
+                self.probe_client = self.ctx.prober.client(address, self.ctx.max_message_bytes);
                 self.next_probe = Some(now());
                 self.health = None;
                 self.next_health = None;

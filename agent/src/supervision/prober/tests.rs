@@ -52,7 +52,7 @@ fn a_probe_out_while_the_agents_thread_is_busy_is_answered_not_timed_out() {
     let (address, _worker) = worker();
     agent_runtime().block_on(async {
         let prober = Prober::dedicated().unwrap();
-        let client = prober.client(address, 1 << 20);
+        let client = prober.client(address, 1 << 20).unwrap();
         let probe = tokio::spawn(async move { prober.live(client, models(), TIMEOUT).await });
         // The probe starts (its deadline is set) ...
         tokio::task::yield_now().await;
@@ -75,7 +75,7 @@ fn a_worker_that_never_answers_fails_the_probe() {
     let address = silent.local_addr().unwrap();
     agent_runtime().block_on(async {
         let prober = Prober::dedicated().unwrap();
-        let client = prober.client(address, 1 << 20);
+        let client = prober.client(address, 1 << 20).unwrap();
         assert!(
             !prober
                 .live(client, models(), Duration::from_millis(200))
@@ -90,7 +90,7 @@ fn a_live_worker_passes_and_a_model_it_does_not_serve_fails() {
     let (address, _worker) = worker();
     agent_runtime().block_on(async {
         let prober = Prober::dedicated().unwrap();
-        let client = prober.client(address, 1 << 20);
+        let client = prober.client(address, 1 << 20).unwrap();
         assert!(prober.live(client.clone(), models(), TIMEOUT).await);
         let other: Arc<[String]> = Arc::from(vec!["absent".to_string()]);
         assert!(!prober.live(client, other, TIMEOUT).await);
@@ -102,7 +102,12 @@ async fn an_inline_prober_runs_on_the_callers_runtime() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = silent.local_addr().unwrap();
     let prober = Prober::inline();
-    let client = prober.client(address, 1 << 20);
+    assert!(
+        prober.client(address, 1 << 20).is_none(),
+        "the process's own client serves"
+    );
+    let client =
+        infermesh_proto::oip_client(&address.to_string(), CONNECT_TIMEOUT, 1 << 20).unwrap();
     // Under the paused clock the timeout passes without waiting.
     assert!(
         !prober
