@@ -14,6 +14,11 @@
 #   scripts/bench-peers.sh                       # full table, ~4 min
 #   BENCH_DURATION=3s ROUNDS=1 scripts/bench-peers.sh
 #   SIZES=1024 CONCS=1 scripts/bench-peers.sh    # one row
+#
+# PROBE_TIMEOUT=5s gives the agent's liveness probe of the worker that long
+# (default 1s): at 16 MiB × 16 the test worker computes on its runtime
+# threads and can answer the probe late, and the agent then restarts it as
+# hung (BENCHMARKS.md, issue 27). HAProxy and nginx probe nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${BENCH_DURATION:-5s}
@@ -21,6 +26,7 @@ rounds=${ROUNDS:-3}
 sizes=${SIZES:-1024 1048576}
 concs=${CONCS:-1 16}
 agent_threads=${AGENT_THREADS:-1}
+probe_timeout=${PROBE_TIMEOUT:-}
 peer_threads=${PEER_THREADS:-1}
 
 . scripts/lib.sh
@@ -31,9 +37,14 @@ bin=target/release
 scratch
 
 wport=$(port); oport=$(port); aport=$(port); hport=$(port); nport=$(port)
+agent_config=()
+if [ -n "$probe_timeout" ]; then
+  printf '[sentinel]\nprobe_timeout = "%s"\n' "$probe_timeout" >"$work/agent.toml"
+  agent_config=(--config "$work/agent.toml")
+fi
 "$bin/infermesh-testworker" --listen "127.0.0.1:$wport" 2>/dev/null &
 pids+=($!)
-"$bin/infermesh" agent --listen "127.0.0.1:$oport" --admin-listen "127.0.0.1:$aport" --node-id bench \
+"$bin/infermesh" agent "${agent_config[@]}" --listen "127.0.0.1:$oport" --admin-listen "127.0.0.1:$aport" --node-id bench \
   --threads "$agent_threads" --worker "$bin/infermesh-testworker --listen 127.0.0.1:{port}" 2>/dev/null &
 pids+=($!)
 

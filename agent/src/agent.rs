@@ -321,3 +321,6 @@ impl Agent {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cut_through_tests;

@@ -46,9 +46,23 @@ pub struct FakeHandle {
     pub output: OutputSink,
     exit: watch::Sender<Option<Exit>>,
     dead: CancellationToken,
+    /// Bytes read on its connections, in all.
+    received: watch::Sender<u64>,
 }
 
 impl FakeHandle {
+    /// Waits until its connections have read at least `n` bytes in all
+    /// (since it started).
+    pub async fn received_at_least(&self, n: u64) {
+        let mut rx = self.received.subscribe();
+        let _ = rx.wait_for(|&got| got >= n).await;
+    }
+
+    /// Bytes its connections have read so far.
+    pub fn received(&self) -> u64 {
+        *self.received.borrow()
+    }
+
     /// The process dies with `exit`: its connections are reset.
     pub fn die(&self, exit: Exit) {
         self.dead.cancel();
@@ -102,10 +116,12 @@ impl Launcher for FakeLauncher {
         let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
         let dead = CancellationToken::new();
         let (exit, exit_rx) = watch::channel(None);
+        let received = watch::Sender::new(0);
         let incoming = {
             let dead = dead.clone();
+            let received = received.clone();
             tokio_stream::wrappers::TcpListenerStream::new(listener)
-                .map(move |s| s.map(|s| Killable::new(s, dead.clone())))
+                .map(move |s| s.map(|s| Killable::new(s, dead.clone(), received.clone())))
         };
         let server = tonic::transport::Server::builder()
             .add_service(GrpcInferenceServiceServer::new(TestWorker::new(
@@ -119,6 +135,7 @@ impl Launcher for FakeLauncher {
             output,
             exit,
             dead,
+            received,
         };
         self.launched.lock().unwrap().push(handle.clone());
         Ok(Box::new(FakeProcess {
@@ -177,19 +194,22 @@ impl Launched for FakeProcess {
 }
 
 pin_project_lite::pin_project! {
-    /// A connection that fails every read and write once its process died.
+    /// A connection that fails every read and write once its process died,
+    /// and counts the bytes it reads.
     struct Killable<T> {
         #[pin]
         io: T,
         dead: Pin<Box<WaitForCancellationFutureOwned>>,
+        received: watch::Sender<u64>,
     }
 }
 
 impl<T> Killable<T> {
-    fn new(io: T, dead: CancellationToken) -> Self {
+    fn new(io: T, dead: CancellationToken, received: watch::Sender<u64>) -> Self {
         Self {
             io,
             dead: Box::pin(dead.cancelled_owned()),
+            received,
         }
     }
 }
@@ -208,7 +228,13 @@ impl<T: AsyncRead> AsyncRead for Killable<T> {
         if this.dead.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(reset()));
         }
-        this.io.poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = this.io.poll_read(cx, buf);
+        let n = (buf.filled().len() - before) as u64;
+        if n > 0 {
+            this.received.send_modify(|r| *r += n);
+        }
+        read
     }
 }
 

@@ -67,6 +67,9 @@ struct Stream {
     send_window: i64,
     /// Request bytes not sent yet.
     body: SendQueue,
+    /// More request bytes are to come ([`Conn::open_streaming`]): the
+    /// queue emptying does not end the stream.
+    body_open: bool,
     /// What the worker may still send on this stream.
     recv_window: i64,
     /// Bytes taken by the caller and not yet given back as window.
@@ -182,6 +185,26 @@ impl Conn {
         meta: impl Into<request::Metadata<'a>>,
         chunks: &[Bytes],
     ) -> Result<u32, Refusal> {
+        self.open_with(meta.into(), chunks, false)
+    }
+
+    /// Opens a stream carrying `meta` and the first `chunks` of a body whose
+    /// rest is still arriving: [`Conn::push_body`] appends to it, and its
+    /// last call ends the stream (cut-through forwarding).
+    pub fn open_streaming<'a>(
+        &mut self,
+        meta: impl Into<request::Metadata<'a>>,
+        chunks: &[Bytes],
+    ) -> Result<u32, Refusal> {
+        self.open_with(meta.into(), chunks, true)
+    }
+
+    fn open_with(
+        &mut self,
+        meta: request::Metadata<'_>,
+        chunks: &[Bytes],
+        body_open: bool,
+    ) -> Result<u32, Refusal> {
         if !self.is_open() {
             return Err(Refusal::Closed);
         }
@@ -193,9 +216,9 @@ impl Conn {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         self.table.begin(&mut scratch);
-        request::put_request_block(&mut scratch, &self.authority, self.path, meta.into());
+        request::put_request_block(&mut scratch, &self.authority, self.path, meta);
         let has_body = chunks.iter().any(|c| !c.is_empty());
-        self.core.put_block(id, &scratch, !has_body);
+        self.core.put_block(id, &scratch, !has_body && !body_open);
         self.scratch = scratch;
         let mut queue = SendQueue::default();
         for chunk in chunks {
@@ -206,6 +229,7 @@ impl Conn {
             Stream {
                 send_window: self.core.peer_initial_window,
                 body: queue,
+                body_open,
                 recv_window: i64::from(STREAM_WINDOW),
                 unacked: 0,
                 head: None,
@@ -224,6 +248,45 @@ impl Conn {
         Ok(id)
     }
 
+    /// Appends `chunk` to the body of stream `id` (opened by
+    /// [`Conn::open_streaming`]); `last` ends the stream once the body is
+    /// sent. An error if the stream failed (the worker reset or refused
+    /// it, or the connection broke) or is gone.
+    pub fn push_body(&mut self, id: u32, chunk: Bytes, last: bool) -> Result<(), Failure> {
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return Err(gone());
+        };
+        if let Some(f) = &stream.failure {
+            return Err(f.clone());
+        }
+        if !stream.body_open {
+            return Err(Failure::Connection(
+                "the request's body had already ended".into(),
+            ));
+        }
+        let was_empty = stream.body.is_empty();
+        stream.body.push(chunk);
+        stream.body_open = !last;
+        if stream.body.is_empty() {
+            if last {
+                // Nothing left to carry the END_STREAM flag.
+                frame::put_head(
+                    self.core.out.buf(),
+                    0,
+                    frame::kind::DATA,
+                    frame::flag::END_STREAM,
+                    id,
+                );
+            }
+            return Ok(());
+        }
+        if was_empty {
+            self.sending.push_back(id);
+        }
+        self.send_pending();
+        Ok(())
+    }
+
     /// Writes request bytes the windows allow, oldest stream first; a
     /// stream whose own window is shut does not hold up the others.
     fn send_pending(&mut self) {
@@ -240,7 +303,7 @@ impl Conn {
                 id,
                 &mut stream.body,
                 &mut stream.send_window,
-                true,
+                !stream.body_open,
                 usize::MAX,
             );
             if !stream.body.is_empty() {
@@ -543,7 +606,10 @@ impl Conn {
         let Some(stream) = self.streams.remove(&id) else {
             return;
         };
-        if !stream.ended && stream.failure.is_none() && self.failed.is_none() {
+        // A body not all sent leaves the worker waiting for its end, even
+        // after it answered.
+        let unsent = stream.body_open || !stream.body.is_empty();
+        if (!stream.ended || unsent) && stream.failure.is_none() && self.failed.is_none() {
             self.reset(id, code::CANCEL);
         }
         let held: usize = stream.data.iter().map(Bytes::len).sum();
@@ -651,6 +717,117 @@ mod tests {
         assert_eq!(body, want);
         assert_eq!(ends.last(), Some(&true), "the last DATA ends the stream");
         assert_eq!(ends.iter().filter(|&&e| e).count(), 1);
+    }
+
+    /// The frames `conn` queued after the preface: (kind, flags, payload).
+    fn written(conn: &mut Conn) -> Vec<(u8, u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        loop {
+            let mut slices = [std::io::IoSlice::new(&[]); 64];
+            let n = conn.out().slices(&mut slices);
+            if n == 0 {
+                break;
+            }
+            let len: usize = slices[..n].iter().map(|s| s.len()).sum();
+            for s in &slices[..n] {
+                out.extend_from_slice(s);
+            }
+            conn.out().advance(len);
+        }
+        let mut rest = out.strip_prefix(frame::PREFACE).unwrap_or(&out);
+        let mut frames = Vec::new();
+        while rest.len() >= frame::HEADER_LEN {
+            let head = frame::parse_head(rest);
+            let payload = rest[frame::HEADER_LEN..frame::HEADER_LEN + head.len].to_vec();
+            frames.push((head.kind, head.flags, payload));
+            rest = &rest[frame::HEADER_LEN + head.len..];
+        }
+        frames
+    }
+
+    /// A stream opened before its body has all arrived sends what it has,
+    /// leaves the stream open, sends what is pushed after, and ends the
+    /// stream with the last push (also when the last push is empty).
+    #[test]
+    fn a_streaming_body_ends_the_stream_only_with_its_last_push() {
+        for last_empty in [false, true] {
+            let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
+            let id = conn
+                .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
+                .unwrap();
+            let frames = written(&mut conn);
+            let headers = frames.iter().find(|f| f.0 == kind::HEADERS).unwrap();
+            assert_eq!(headers.1 & flag::END_STREAM, 0, "the stream stays open");
+            assert!(frames.iter().all(|f| f.1 & flag::END_STREAM == 0));
+            conn.push_body(id, Bytes::from(vec![7u8; 20_000]), false)
+                .unwrap();
+            let tail = if last_empty {
+                Bytes::new()
+            } else {
+                Bytes::from_static(b"tail")
+            };
+            conn.push_body(id, tail.clone(), true).unwrap();
+            let mut body = frames
+                .iter()
+                .filter(|f| f.0 == kind::DATA)
+                .flat_map(|f| f.2.clone())
+                .collect::<Vec<u8>>();
+            let rest = written(&mut conn);
+            body.extend(rest.iter().flat_map(|f| f.2.clone()));
+            let mut want = b"head".to_vec();
+            want.extend([7u8; 20_000]);
+            want.extend_from_slice(&tail);
+            assert_eq!(body, want);
+            let ends: Vec<bool> = rest.iter().map(|f| f.1 & flag::END_STREAM != 0).collect();
+            assert_eq!(ends.last(), Some(&true), "the last DATA ends the stream");
+            assert_eq!(ends.iter().filter(|&&e| e).count(), 1);
+            assert!(conn.push_body(id, Bytes::new(), true).is_err(), "ended");
+        }
+    }
+
+    /// A stream whose body is still open is reset when closed, even if the
+    /// worker has answered: otherwise the worker would wait for its end.
+    #[test]
+    fn closing_a_stream_whose_body_is_open_resets_it() {
+        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
+        let id = conn
+            .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
+            .unwrap();
+        feed(&mut conn, kind::SETTINGS, 0, 0, &[]);
+        // A trailers-only answer: :status 200, END_STREAM.
+        feed(
+            &mut conn,
+            kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            id,
+            &[0x88],
+        );
+        written(&mut conn);
+        conn.close(id);
+        let frames = written(&mut conn);
+        assert!(frames.iter().any(|f| f.0 == kind::RST_STREAM), "{frames:?}");
+    }
+
+    /// A pushed body on a stream the worker refused says so, so the caller
+    /// can open it again with what it kept.
+    #[test]
+    fn pushing_to_a_refused_stream_reports_the_refusal() {
+        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
+        let id = conn
+            .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
+            .unwrap();
+        feed(&mut conn, kind::SETTINGS, 0, 0, &[]);
+        feed(
+            &mut conn,
+            kind::RST_STREAM,
+            0,
+            id,
+            &code::REFUSED_STREAM.to_be_bytes(),
+        );
+        assert_eq!(
+            conn.push_body(id, Bytes::from_static(b"more"), false),
+            Err(Failure::Refused)
+        );
     }
 
     /// DATA beyond the window the agent granted is a flow-control error.

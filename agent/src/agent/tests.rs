@@ -16,7 +16,7 @@ use super::*;
 use crate::config::{RawConfig, RawQueue, RawWorker};
 use crate::testing::FakeLauncher;
 
-fn config(max_inflight: usize, queue: usize) -> AgentConfig {
+pub(super) fn config(max_inflight: usize, queue: usize) -> AgentConfig {
     let raw = RawConfig {
         node_id: Some("in-process".into()),
         listen: Some("127.0.0.1:0".into()),
@@ -44,7 +44,7 @@ fn config(max_inflight: usize, queue: usize) -> AgentConfig {
     AgentConfig::from_raw(raw).expect("valid config")
 }
 
-async fn client(agent: &Agent) -> GrpcInferenceServiceClient<Channel> {
+pub(super) async fn client(agent: &Agent) -> GrpcInferenceServiceClient<Channel> {
     let mut c = infermesh_proto::oip_client(
         &agent.listen().to_string(),
         Duration::from_secs(5),
@@ -61,7 +61,7 @@ async fn client(agent: &Agent) -> GrpcInferenceServiceClient<Channel> {
     }
 }
 
-fn request(model: &str, input: &[f32]) -> ModelInferRequest {
+pub(super) fn request(model: &str, input: &[f32]) -> ModelInferRequest {
     ModelInferRequest {
         model_name: model.into(),
         inputs: vec![InferInputTensor {

@@ -1,15 +1,19 @@
 //! The hot path: `ModelInfer` passed through as the bytes that arrived.
 //!
 //! A plain inline request (no shared-memory or RDMA parameters) is read
-//! whole (bounded by `max_message_bytes`, a node-wide receive budget and a
-//! read timeout) as the DATA frames it came in; one frame is decoded once
-//! into a view whose tensor bytes are slices of it, several (a large
-//! request) are read where they lie ([`crate::serving::request_view`]: the fields
-//! but the tensors decoded, the tensors' sizes noted, nothing gathered).
-//! It is validated against the model's metadata, and — once it holds a
-//! worker permit — the *received frames* are sent to the worker on its
-//! HTTP/2 connection ([`crate::worker::upstream`]), with the caller's metadata and
-//! what is left of its deadline. The worker's response headers and body
+//! (bounded by `max_message_bytes`, a node-wide receive budget taken for
+//! the size its gRPC header declares, and a read timeout) as the DATA
+//! frames it came in. One frame is decoded once into a view whose tensor
+//! bytes are slices of it; several (a large request) are read where they
+//! lie ([`crate::serving::request_view`]: the fields but the tensors
+//! decoded, the tensors' sizes noted, nothing gathered). It is validated
+//! against the model's metadata, and — once it holds a worker permit — the
+//! *received frames* are sent to the worker on its HTTP/2 connection
+//! ([`crate::worker::upstream`]), with the caller's metadata and what is
+//! left of its deadline. A large request is *cut through*: once its head
+//! is here and the rest of the message is its last tensor's bytes, it is
+//! validated and sent with what has arrived, and each later frame follows
+//! as it comes (docs/DECISIONS.md). The worker's response headers and body
 //! go back unchanged; only the trailers are touched: the load report is
 //! added, and an internal error that names a GPU fault is turned into
 //! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
@@ -30,7 +34,6 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
-use http_body_util::BodyExt;
 use infermesh_proto::inference::ModelInferRequest;
 use infermesh_proto::tensor::{validate_request, validate_request_sizes};
 use infermesh_sentinel::FaultPatterns;
@@ -45,14 +48,16 @@ use crate::metrics::{Metrics, TransportPath};
 use crate::serving::deadline::header_timeout;
 use crate::serving::front::Front;
 use crate::serving::front_body::FrontBody;
-use crate::serving::grpc::{self, FRAME_HEADER, frame_header, message_response, status_response};
+use crate::serving::grpc::{self, FRAME_HEADER, message_response, status_response};
 use crate::transports::conn::ConnInfo;
 use crate::worker::upstream::Metadata;
 
 pub(crate) mod body;
+mod incoming;
 
 pub use body::ForwardBody;
 use body::{Done, grpc_code};
+use incoming::Incoming;
 
 /// Limits on what a caller may send.
 #[derive(Debug, Clone, Copy)]
@@ -191,15 +196,20 @@ impl InferPath {
                 "compressed requests are not supported; send them uncompressed",
             ));
         }
-        let (chunks, permit) = self.read_body(body, deadline).await?;
+        let mut body = body;
+        let mut incoming = Incoming::new(deadline, self.limits.read_timeout);
+        // Read until the body ends, or (cut-through) until the head is here
+        // and the rest of the message is one tensor's bytes.
+        let cut = self.read_head(&mut body, &mut incoming).await?;
         // One frame: decoded as it is (its tensors are slices of it). More
         // (a large request): read where it lies, the tensors' sizes noted
         // and their bytes left in the frames, which go to the worker as
         // they came.
-        let (mut req, raw_lens) = match &chunks[..] {
-            [frame] => (decode(frame)?, None),
-            _ => {
-                let v = crate::serving::request_view::view(&chunks)?;
+        let (mut req, mut raw_lens) = match (cut, &incoming.chunks[..]) {
+            (Some(v), _) => (v.head, Some(v.raw_lens)),
+            (None, [frame]) => (decode(frame)?, None),
+            (None, chunks) => {
+                let v = crate::serving::request_view::view(chunks)?;
                 (v.head, Some(v.raw_lens))
             }
         };
@@ -221,8 +231,11 @@ impl InferPath {
             || crate::transports::rdma::uses_rdma(&req)
             || req.inputs.iter().any(|i| i.datatype == "BYTES");
         if raw_lens.is_some() && needs_contents {
-            req = decode(&gather(&chunks))?;
+            while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
+            req = decode(&gather(&incoming.chunks))?;
+            raw_lens = None;
         }
+        let permit = incoming.permit()?;
         if crate::transports::shm::uses_shm(&req) || crate::transports::rdma::uses_rdma(&req) {
             drop(permit);
             let owner = parts.extensions.get::<ConnInfo>().map_or(0, |c| c.id);
@@ -239,17 +252,31 @@ impl InferPath {
             return Ok(message_response(&resp, &self.pool));
         }
         match &raw_lens {
-            Some(lens) if !needs_contents => validate_request_sizes(&req, lens, &meta),
-            _ => validate_request(&req, &meta),
+            Some(lens) => validate_request_sizes(&req, lens, &meta),
+            None => validate_request(&req, &meta),
         }
         .map_err(AgentError::from)?;
         let priority = crate::dispatch::tenant::request_priority(&req.parameters)?;
         drop(req);
         refuse_backlogged(parts)?;
-        let lease = self
-            .pool
-            .acquire_prioritized(id, None, deadline, priority)
-            .await?;
+        // The body goes on being read while the request waits for a
+        // worker: the connection's window is given back as bodies are read,
+        // so queued requests holding their unread frames would starve the
+        // one that has a worker (16 × 16 MiB stalled until the deadline).
+        let acquire = self.pool.acquire_prioritized(id, None, deadline, priority);
+        tokio::pin!(acquire);
+        let lease = loop {
+            if incoming.ended {
+                break acquire.await?;
+            }
+            tokio::select! {
+                biased;
+                lease = &mut acquire => break lease?,
+                more = self.read_frame(&mut body, &mut incoming) => {
+                    more?;
+                }
+            }
+        };
         // Checked again: the client may have stopped reading while this
         // request queued.
         refuse_backlogged(parts)?;
@@ -275,7 +302,36 @@ impl InferPath {
             }
             .into()
         };
-        let exchange = process.upstream.call_chunks(meta, &chunks);
+        let exchange = async {
+            if incoming.ended {
+                return process
+                    .upstream
+                    .call_chunks(meta, &incoming.chunks)
+                    .await
+                    .map_err(|e| unreachable(&e));
+            }
+            // Cut-through: the worker gets what has arrived now and the
+            // rest as it comes.
+            let mut upload = process
+                .upstream
+                .upload(meta, &incoming.chunks)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            while self.read_frame(&mut body, &mut incoming).await?.is_some() {
+                upload
+                    .push(&incoming.chunks, false)
+                    .await
+                    .map_err(|e| unreachable(&e))?;
+            }
+            upload
+                .end(&incoming.chunks)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            upload
+                .answer(&incoming.chunks)
+                .await
+                .map_err(|e| unreachable(&e))
+        };
         // A stalled or hung worker's calls fail when the sentinel gives up on
         // it (`Upstream::abort`), not when (if ever) the worker answers.
         let (exchange, head) = match deadline {
@@ -283,10 +339,9 @@ impl InferPath {
                 .await
                 .map_err(|_| {
                     Status::deadline_exceeded("deadline exceeded waiting for the worker")
-                })?,
-            None => exchange.await,
-        }
-        .map_err(|e| unreachable(&e))?;
+                })??,
+            None => exchange.await?,
+        };
         drop(trace);
         drop(permit);
         if head.status != 200 {
@@ -328,68 +383,6 @@ impl InferPath {
         }));
         *resp.headers_mut() = headers;
         Ok(resp)
-    }
-
-    /// Reads one request body whole, within the limits; returns it as the
-    /// chunks it arrived in (not gathered into one buffer: a large request
-    /// is sent on as it came) and the share of the receive budget it holds.
-    async fn read_body<B>(
-        &self,
-        mut body: B,
-        deadline: Option<Instant>,
-    ) -> Result<(Vec<Bytes>, OwnedSemaphorePermit), Status>
-    where
-        B: Body<Data = Bytes> + Unpin,
-        B::Error: std::fmt::Display,
-    {
-        let read_until = Instant::now() + self.limits.read_timeout;
-        let read_until = deadline.map_or(read_until, |d| d.min(read_until));
-        let read = async {
-            let mut chunks: Vec<Bytes> = Vec::new();
-            let mut received = 0usize;
-            let mut expected: Option<(usize, OwnedSemaphorePermit)> = None;
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| Status::cancelled(format!("request body: {e}")))?;
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                received += data.len();
-                chunks.push(data);
-                if expected.is_none() && received >= FRAME_HEADER {
-                    let mut header = [0u8; FRAME_HEADER];
-                    copy_prefix(&chunks, &mut header);
-                    let (_, len) = frame_header(&header);
-                    expected = Some((len, self.reserve(len)?));
-                }
-                if let Some((len, _)) = &expected {
-                    if received > FRAME_HEADER + len {
-                        return Err(Status::internal(
-                            "a unary request must carry exactly one gRPC message",
-                        ));
-                    }
-                }
-            }
-            let (len, permit) = expected.ok_or_else(|| {
-                Status::internal("request body is shorter than a gRPC message header")
-            })?;
-            if received != FRAME_HEADER + len {
-                return Err(Status::internal(
-                    "a unary request must carry exactly one gRPC message",
-                ));
-            }
-            Ok((chunks, permit))
-        };
-        tokio::time::timeout_at(read_until.into(), read)
-            .await
-            .map_err(|_| match deadline {
-                Some(d) if d <= read_until => {
-                    Status::deadline_exceeded("deadline exceeded while receiving the request")
-                }
-                _ => Status::deadline_exceeded(format!(
-                    "request body not received within {:?}",
-                    self.limits.read_timeout
-                )),
-            })?
     }
 
     /// Takes `len` bytes of the receive budget, or refuses the request.

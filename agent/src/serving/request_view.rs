@@ -82,6 +82,146 @@ pub(crate) fn view(chunks: &[Bytes]) -> Result<RequestView, Status> {
     Ok(RequestView { head, raw_lens })
 }
 
+/// A request's frames scanned as they arrive, to find the point where
+/// it can be forwarded before the rest of it has come (cut-through): the
+/// head is complete and what is left of the message is one raw tensor's
+/// bytes (encoders write `raw_input_contents`, field 7, last). Fields are
+/// read whole: one cut by the end of what has arrived is read again from
+/// its key when more has.
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    /// Where the next field starts: the chunk, the offset in it, the byte
+    /// in the whole body.
+    chunk: usize,
+    offset: usize,
+    pos: usize,
+    head: Vec<u8>,
+    raw_lens: Vec<usize>,
+}
+
+impl Scan {
+    /// Scans on through `chunks` (the body so far, its gRPC header of an
+    /// uncompressed message of `len` bytes first) while fewer than the
+    /// message's bytes have arrived: the cut once found (the head, and the
+    /// sizes of every raw tensor, the rest of the message being the last
+    /// one's bytes), `None` while not yet. The errors are those of [`view`]
+    /// for the same bytes.
+    pub(crate) fn step(
+        &mut self,
+        chunks: &[Bytes],
+        len: usize,
+    ) -> Result<Option<RequestView>, Status> {
+        let end = FRAME_HEADER + len;
+        if self.pos == 0 {
+            self.pos = FRAME_HEADER;
+            self.offset = FRAME_HEADER;
+            // The header may straddle chunks.
+            let mut c = Cursor::new(chunks);
+            c.skip(FRAME_HEADER).map_err(|_| short())?;
+            (self.chunk, self.offset) = (c.chunk, c.offset);
+        }
+        loop {
+            if self.pos >= end {
+                // The whole message is here: nothing to cut.
+                return Ok(None);
+            }
+            let mut c = Cursor {
+                chunks,
+                chunk: self.chunk,
+                offset: self.offset,
+                pos: self.pos,
+            };
+            let mark = self.head.len();
+            match self.field(&mut c, end)? {
+                None => {
+                    self.head.truncate(mark);
+                    return Ok(None);
+                }
+                Some(Some(last)) => {
+                    let mut raw_lens = std::mem::take(&mut self.raw_lens);
+                    raw_lens.push(last);
+                    let head = ModelInferRequest::decode(&self.head[..]).map_err(|e| {
+                        Status::invalid_argument(format!("malformed ModelInferRequest: {e}"))
+                    })?;
+                    return Ok(Some(RequestView { head, raw_lens }));
+                }
+                Some(None) => (self.chunk, self.offset, self.pos) = (c.chunk, c.offset, c.pos),
+            }
+        }
+    }
+
+    /// Reads one field at `c`: `None` if it has not all arrived,
+    /// `Some(Some(n))` at the length prefix of a last raw tensor of `n`
+    /// bytes, `Some(None)` past any other field.
+    fn field(&mut self, c: &mut Cursor<'_>, end: usize) -> Result<Option<Option<usize>>, Status> {
+        let available = |c: &Cursor<'_>| c.chunks.iter().map(Bytes::len).sum::<usize>() - c.pos;
+        let Some(key) = partial_varint(c)? else {
+            return Ok(None);
+        };
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                let Some(v) = partial_varint(c)? else {
+                    return Ok(None);
+                };
+                prost::encoding::encode_varint(key, &mut self.head);
+                prost::encoding::encode_varint(v, &mut self.head);
+            }
+            1 | 5 => {
+                let n = if wire == 1 { 8 } else { 4 };
+                if available(c) < n {
+                    return Ok(None);
+                }
+                prost::encoding::encode_varint(key, &mut self.head);
+                c.copy(n, &mut self.head)?;
+            }
+            2 => {
+                let Some(n) = partial_varint(c)? else {
+                    return Ok(None);
+                };
+                let n = usize::try_from(n).map_err(|_| malformed())?;
+                if c.pos.checked_add(n).is_none_or(|e| e > end) {
+                    return Err(malformed());
+                }
+                if field == RAW_INPUT_CONTENTS && c.pos + n == end {
+                    return Ok(Some(Some(n)));
+                }
+                if available(c) < n {
+                    return Ok(None);
+                }
+                if field == RAW_INPUT_CONTENTS {
+                    c.skip(n)?;
+                    self.raw_lens.push(n);
+                } else {
+                    prost::encoding::encode_varint(key, &mut self.head);
+                    prost::encoding::encode_varint(n as u64, &mut self.head);
+                    c.copy(n, &mut self.head)?;
+                }
+            }
+            _ => return Err(malformed()),
+        }
+        if c.pos > end {
+            return Err(malformed());
+        }
+        Ok(Some(None))
+    }
+}
+
+/// A varint at `c`; `None` if it is cut by the end of what has arrived.
+fn partial_varint(c: &mut Cursor<'_>) -> Result<Option<u64>, Status> {
+    let mut v = 0u64;
+    for i in 0..10 {
+        let Some(b) = c.byte() else {
+            return Ok(None);
+        };
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            return Ok(Some(v));
+        }
+    }
+    Err(malformed())
+}
+
 fn short() -> Status {
     Status::internal("request body is shorter than a gRPC message header")
 }
@@ -235,6 +375,75 @@ mod tests {
             assert_eq!(v.head, want, "split every {size}");
             assert_eq!(v.raw_lens, vec![8000, 0], "split every {size}");
         }
+    }
+
+    /// Scans `chunks` as they arrive one by one: the cut, and how many
+    /// had arrived when it was found.
+    fn scan(chunks: &[Bytes], len: usize) -> Result<Option<(RequestView, usize)>, Status> {
+        let mut scan = Scan::default();
+        let mut received = 0;
+        for n in 1..=chunks.len() {
+            received += chunks[n - 1].len();
+            if received < FRAME_HEADER || received >= FRAME_HEADER + len {
+                continue;
+            }
+            if let Some(v) = scan.step(&chunks[..n], len)? {
+                return Ok(Some((v, n)));
+            }
+        }
+        Ok(None)
+    }
+
+    #[test]
+    fn the_cut_is_found_at_the_last_tensors_prefix_wherever_the_frames_split() {
+        let mut req = request();
+        // The last tensor is the large one.
+        req.raw_input_contents.swap(0, 1);
+        req.inputs.swap(0, 1);
+        let whole = framed(&req);
+        let len = whole.len() - FRAME_HEADER;
+        let want = ModelInferRequest {
+            raw_input_contents: Vec::new(),
+            ..req.clone()
+        };
+        // Where the last tensor's bytes begin.
+        let cut_at = whole.len() - 8000;
+        for size in [1, 2, 3, 7, 100, 4096] {
+            let chunks: Vec<Bytes> = whole.chunks(size).map(Bytes::copy_from_slice).collect();
+            let (v, n) = scan(&chunks, len).unwrap().expect("a cut");
+            assert_eq!(v.head, want, "split every {size}");
+            assert_eq!(v.raw_lens, vec![0, 8000], "split every {size}");
+            let arrived: usize = chunks[..n].iter().map(Bytes::len).sum();
+            assert!(
+                arrived >= cut_at && arrived < cut_at + size,
+                "split every {size}: {arrived}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_cut_when_a_field_follows_the_tensors() {
+        let req = request();
+        let mut whole = framed(&req);
+        // `id` again, after the tensors (prost keeps the last).
+        whole.extend_from_slice(&[(3 << 3) | 2, 1, b'x']);
+        let len = whole.len() - FRAME_HEADER;
+        whole[1..5].copy_from_slice(&(len as u32).to_be_bytes());
+        let chunks: Vec<Bytes> = whole.chunks(100).map(Bytes::copy_from_slice).collect();
+        assert!(scan(&chunks, len).unwrap().is_none());
+        assert_eq!(view(&chunks).unwrap().head.id, "x");
+    }
+
+    #[test]
+    fn a_tensor_longer_than_the_message_is_refused_by_the_scan() {
+        let mut whole = vec![0, 0, 0, 0, 0];
+        whole.push((7 << 3) | 2);
+        prost::encoding::encode_varint(1000, &mut whole);
+        whole.extend_from_slice(&[0; 100]);
+        let len = whole.len() - FRAME_HEADER;
+        whole[1..5].copy_from_slice(&(len as u32).to_be_bytes());
+        let err = Scan::default().step(&[whole.into()], len).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
 
     #[test]

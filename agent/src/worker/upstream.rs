@@ -213,7 +213,37 @@ impl Upstream {
         meta: impl Into<Metadata<'a>>,
         chunks: &[Bytes],
     ) -> Result<Exchange, UpstreamError> {
+        self.open(meta.into(), chunks, false).await
+    }
+
+    /// Opens a stream with `meta` and the first `chunks` of a body still
+    /// arriving (cut-through forwarding): [`Upload::push`] sends the rest as
+    /// it comes, [`Upload::answer`] waits for the response head. A stream
+    /// the worker refuses unprocessed is opened again with every chunk
+    /// pushed so far (the caller keeps them: reference-counted, not
+    /// copied), a few times at most, as [`Upstream::call`] does.
+    pub async fn upload<'a>(
+        &'a self,
+        meta: impl Into<Metadata<'a>>,
+        chunks: &[Bytes],
+    ) -> Result<Upload<'a>, UpstreamError> {
         let meta = meta.into();
+        let exchange = self.open(meta, chunks, true).await?;
+        Ok(Upload {
+            upstream: self,
+            meta,
+            exchange,
+            tries: 1,
+            ended: false,
+        })
+    }
+
+    async fn open(
+        &self,
+        meta: Metadata<'_>,
+        chunks: &[Bytes],
+        body_open: bool,
+    ) -> Result<Exchange, UpstreamError> {
         let mut fresh = false;
         loop {
             let shared = match self.cached() {
@@ -228,7 +258,10 @@ impl Upstream {
             let room = shared.room.notified();
             let opened = {
                 let mut conn = shared.lock();
-                let opened = conn.open_chunks(meta, chunks);
+                let opened = match body_open {
+                    true => conn.open_streaming(meta, chunks),
+                    false => conn.open_chunks(meta, chunks),
+                };
                 if opened.is_ok() {
                     shared.flush_soon(&mut conn);
                 }
@@ -460,6 +493,16 @@ impl Exchange {
             .map_err(UpstreamError::from)
     }
 
+    /// Appends `chunk` to a body still arriving ([`Upstream::upload`]).
+    fn push_body(&mut self, chunk: Bytes, last: bool) -> Result<(), Failure> {
+        let mut conn = self.shared.lock();
+        let pushed = conn.push_body(self.id, chunk, last);
+        if !conn.out().is_empty() {
+            self.shared.flush_soon(&mut conn);
+        }
+        pushed
+    }
+
     /// The next response bytes; `None` at the end of the data.
     pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, Failure>> {
         self.poll(cx, |conn, id, waker| conn.poll_data(id, waker))
@@ -499,6 +542,9 @@ impl Drop for Exchange {
         self.shared.room.notify_waiters();
     }
 }
+
+mod upload;
+pub use upload::Upload;
 
 #[cfg(test)]
 mod tests;

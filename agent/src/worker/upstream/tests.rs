@@ -375,3 +375,135 @@ async fn requests_sent_inside_a_cork_leave_together_when_it_ends() {
         assert_eq!(read(&mut exchange).await.unwrap().0, pattern(100 * n));
     }
 }
+
+/// A body sent as it arrives (cut-through): the worker reads the first
+/// chunks before the rest is pushed, and the whole body arrives intact.
+#[tokio::test]
+async fn an_upload_reaches_the_worker_as_it_is_pushed() {
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let first_tx = Arc::new(Mutex::new(Some(first_tx)));
+    let (address, _) = worker(
+        h2::server::Builder::new(),
+        move |req: Request<RecvStream>, respond| {
+            let first_tx = Arc::clone(&first_tx);
+            async move {
+                let mut recv = req.into_body();
+                let mut all = BytesMut::new();
+                while let Some(chunk) = recv.data().await {
+                    let chunk = chunk.unwrap();
+                    let _ = recv.flow_control().release_capacity(chunk.len());
+                    all.put(chunk);
+                    if all.len() >= 1000 {
+                        if let Some(tx) = first_tx.lock().unwrap().take() {
+                            let _ = tx.send(all.len());
+                        }
+                    }
+                }
+                answer(respond, all.freeze());
+            }
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let headers = HeaderMap::new();
+    let whole = pattern(100_000);
+    let mut kept = vec![whole.slice(..1000)];
+    let mut upload = upstream.upload(&headers, &kept).await.unwrap();
+    assert_eq!(
+        first_rx.await.unwrap(),
+        1000,
+        "read before the rest is pushed"
+    );
+    for at in (1000..100_000).step_by(30_000) {
+        kept.push(whole.slice(at..(at + 30_000).min(100_000)));
+        upload.push(&kept, false).await.unwrap();
+    }
+    upload.end(&kept).await.unwrap();
+    let (mut exchange, head) = upload.answer(&kept).await.unwrap();
+    assert_eq!(head.status, 200);
+    let (data, _) = read(&mut exchange).await.unwrap();
+    assert_eq!(data, whole);
+}
+
+/// An upload dropped before its body ended (a body longer or shorter than
+/// its header, a client reset) resets the worker's stream.
+#[tokio::test]
+async fn dropping_an_upload_mid_body_resets_its_stream() {
+    let (reset_tx, reset_rx) = tokio::sync::oneshot::channel();
+    let reset_tx = Arc::new(Mutex::new(Some(reset_tx)));
+    let (address, _) = worker(
+        h2::server::Builder::new(),
+        move |req: Request<RecvStream>, _respond| {
+            let reset_tx = Arc::clone(&reset_tx);
+            async move {
+                let mut recv = req.into_body();
+                let end = loop {
+                    match recv.data().await {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => break e.reason(),
+                        None => break None,
+                    }
+                };
+                if let Some(tx) = reset_tx.lock().unwrap().take() {
+                    let _ = tx.send(end);
+                }
+            }
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let headers = HeaderMap::new();
+    let upload = upstream.upload(&headers, &[pattern(100)]).await.unwrap();
+    drop(upload);
+    assert_eq!(reset_rx.await.unwrap(), Some(h2::Reason::CANCEL));
+}
+
+/// A worker that refuses the stream of a body still arriving
+/// (REFUSED_STREAM: it processed nothing) gets it again, with every chunk
+/// pushed so far and the rest after.
+#[tokio::test]
+async fn a_refused_upload_is_sent_again_with_what_was_pushed() {
+    let refused = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&refused);
+    let (address, _) = worker(
+        h2::server::Builder::new(),
+        move |req: Request<RecvStream>, mut respond| {
+            let count = Arc::clone(&count);
+            async move {
+                if count.fetch_add(1, Ordering::SeqCst) == 0 {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    return;
+                }
+                let data = body(req.into_body()).await;
+                answer(respond, data);
+            }
+        },
+    )
+    .await;
+    let upstream = client(address);
+    let headers = HeaderMap::new();
+    let whole = pattern(50_000);
+    let mut kept = vec![whole.slice(..100)];
+    let mut upload = upstream.upload(&headers, &kept).await.unwrap();
+    // Pushed until the refusal is seen (it comes back on its own time).
+    let mut at = 100;
+    while (refused.load(Ordering::SeqCst) == 0 && at < 40_000) || at < 20_000 {
+        let end = (at + 1000).min(40_000);
+        kept.push(whole.slice(at..end));
+        upload.push(&kept, false).await.unwrap();
+        at = end;
+        tokio::task::yield_now().await;
+    }
+    kept.push(whole.slice(at..));
+    upload.push(&kept, false).await.unwrap();
+    upload.end(&kept).await.unwrap();
+    let (mut exchange, head) = upload.answer(&kept).await.unwrap();
+    assert_eq!(head.status, 200);
+    let (data, _) = read(&mut exchange).await.unwrap();
+    assert_eq!(data, whole);
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        2,
+        "refused once, then served"
+    );
+}

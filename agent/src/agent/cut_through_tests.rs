@@ -1,0 +1,260 @@
+//! Cut-through forwarding, in-process under tokio's paused clock: a large
+//! request goes to its worker as it arrives ([`crate::serving::forward`]).
+//! The client is `h2`'s, so a test can hold a request body half-sent, send
+//! one shorter or longer than its gRPC header says, or reset it midway;
+//! the worker is the real test worker, whose connections count the bytes
+//! they read ([`crate::testing::FakeHandle::received`]).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use infermesh_proto::inference::ModelInferRequest;
+use infermesh_proto::tensor::raw_to_f32;
+use infermesh_testworker::{WorkerOptions, dense};
+use prost::Message;
+
+use super::tests::{client, config, request};
+use super::*;
+use crate::testing::FakeLauncher;
+
+/// Rows of the `dense` input: 256 KiB, sixteen DATA frames or more.
+const ROWS: usize = 4096;
+/// What a test sends first and holds: 64 KiB, the head among it.
+const FIRST: usize = 64 << 10;
+/// Longer than any wait below could take with the worker answering.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn input() -> Vec<f32> {
+    (0..ROWS * dense::IN_FEATURES)
+        .map(|i| (i % 97) as f32 / 7.0)
+        .collect()
+}
+
+/// `req` as a gRPC message: its 5-byte header, then its bytes.
+fn framed(req: &ModelInferRequest) -> Vec<u8> {
+    let body = req.encode_to_vec();
+    let mut f = vec![0];
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(&body);
+    f
+}
+
+/// An agent with one in-process worker (at most 4 requests at once), the
+/// handle on that worker, and an `h2` connection to the agent.
+async fn setup() -> (
+    Agent,
+    crate::testing::FakeHandle,
+    h2::client::SendRequest<Bytes>,
+) {
+    let launcher = FakeLauncher::new(WorkerOptions::default());
+    let agent = Agent::start(config(4, 8), launcher.clone()).await.unwrap();
+    // Ready: the worker answers through the agent.
+    let mut c = client(&agent).await;
+    c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
+    let worker = launcher.launched()[0].clone();
+    let tcp = tokio::net::TcpStream::connect(agent.listen())
+        .await
+        .unwrap();
+    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (agent, worker, send.ready().await.unwrap())
+}
+
+/// Starts a `ModelInfer` call whose body is `first` (not ended).
+fn start(
+    h2: &mut h2::client::SendRequest<Bytes>,
+    first: &[u8],
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let req = http::Request::post("http://agent/inference.GRPCInferenceService/ModelInfer")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (resp, mut body) = h2.send_request(req, false).unwrap();
+    body.send_data(Bytes::copy_from_slice(first), false)
+        .unwrap();
+    (resp, body)
+}
+
+/// The call's gRPC status and response message bytes.
+async fn answer(resp: h2::client::ResponseFuture) -> (String, Vec<u8>) {
+    let resp = resp.await.unwrap();
+    if let Some(status) = resp.headers().get("grpc-status") {
+        return (status.to_str().unwrap().to_string(), Vec::new());
+    }
+    let mut body = resp.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.unwrap().expect("trailers");
+    let status = trailers["grpc-status"].to_str().unwrap().to_string();
+    (status, data)
+}
+
+/// Waits until the worker has read `n` bytes more than `from`, or fails.
+async fn worker_reads(worker: &crate::testing::FakeHandle, from: u64, n: usize, why: &str) {
+    tokio::time::timeout(PATIENCE, worker.received_at_least(from + n as u64))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{why}: the worker read {} of {n} bytes",
+                worker.received() - from
+            )
+        });
+}
+
+/// Waits until no request holds a slot of the worker, or fails.
+async fn slots_free(agent: &Agent) {
+    tokio::time::timeout(PATIENCE, async {
+        while agent.pool().worker_load(0).0 != 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the worker's slot is given back");
+}
+
+/// The worker gets the request's HEADERS and first bytes while the rest of
+/// the body is still held by the client, and the answer is exact once it
+/// is sent: the agent does not wait for the whole body (issue 27: at 16 ×
+/// 16 MiB the worker idled while interleaved requests arrived).
+#[tokio::test(start_paused = true)]
+async fn a_large_request_reaches_the_worker_before_its_last_frame_is_sent() {
+    let (agent, worker, mut h2) = setup().await;
+    let input = input();
+    let whole = framed(&request("dense", &input));
+    let before = worker.received();
+    let (resp, mut body) = start(&mut h2, &whole[..FIRST]);
+    worker_reads(&worker, before, FIRST, "before the rest was sent").await;
+    assert_eq!(agent.pool().worker_load(0).0, 1, "a slot is taken");
+    body.send_data(Bytes::copy_from_slice(&whole[FIRST..]), true)
+        .unwrap();
+    let (status, message) = answer(resp).await;
+    assert_eq!(status, "0");
+    let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
+    assert_eq!(
+        raw_to_f32(&resp.raw_output_contents[0]).unwrap(),
+        dense::forward(&input)
+    );
+    slots_free(&agent).await;
+    agent.stop().await;
+}
+
+/// A body shorter or longer than its gRPC header says, found out after
+/// the worker's stream was opened: INVALID_ARGUMENT, the worker's slot is
+/// given back, and the next request is served.
+#[tokio::test(start_paused = true)]
+async fn a_body_shorter_or_longer_than_its_header_is_invalid_after_cut_through() {
+    let (agent, worker, mut h2) = setup().await;
+    let whole = framed(&request("dense", &input()));
+    let mut long = whole.clone();
+    long.extend_from_slice(&[0; 10]);
+    let short = &whole[..whole.len() - 10];
+    for (name, sent) in [("short", short), ("long", &long[..])] {
+        let before = worker.received();
+        let (resp, mut body) = start(&mut h2, &sent[..FIRST]);
+        worker_reads(&worker, before, FIRST, name).await;
+        body.send_data(Bytes::copy_from_slice(&sent[FIRST..]), true)
+            .unwrap();
+        let (status, _) = answer(resp).await;
+        assert_eq!(status, "3", "{name}: INVALID_ARGUMENT");
+        slots_free(&agent).await;
+        let mut c = client(&agent).await;
+        c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
+    }
+    agent.stop().await;
+}
+
+/// A client that resets its request midway, after the worker's stream was
+/// opened, frees the worker's slot (the slot-pinning fixes of issue 24
+/// hold for a request forwarded as it arrives).
+#[tokio::test(start_paused = true)]
+async fn a_client_reset_mid_body_frees_the_worker_slot() {
+    let (agent, worker, mut h2) = setup().await;
+    let whole = framed(&request("dense", &input()));
+    let before = worker.received();
+    let (_resp, mut body) = start(&mut h2, &whole[..FIRST]);
+    worker_reads(&worker, before, FIRST, "before the reset").await;
+    assert_eq!(agent.pool().worker_load(0).0, 1, "a slot is taken");
+    body.send_reset(h2::Reason::CANCEL);
+    // The client goes on using its connection (which is also what makes
+    // `h2`'s connection task write the reset out).
+    let input = [0.25; 16];
+    let small = framed(&request("dense", &input));
+    let (resp, mut next) = start(&mut h2, &small);
+    next.send_data(Bytes::new(), true).unwrap();
+    let (status, message) = answer(resp).await;
+    assert_eq!(status, "0");
+    let out = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
+    assert_eq!(
+        raw_to_f32(&out.raw_output_contents[0]).unwrap(),
+        dense::forward(&input)
+    );
+    slots_free(&agent).await;
+    assert_eq!(
+        agent.stop().await,
+        Stopped {
+            requests_dropped: 0,
+            tasks_left: 0
+        }
+    );
+}
+
+/// Requests waiting for a worker go on reading their bodies: the client's
+/// connection window comes back only as bodies are read, so queued
+/// requests holding 16 MiB of unread frames would starve the request that
+/// has the worker, mid-body, until its deadline (found at 16 × 16 MiB).
+#[tokio::test(start_paused = true)]
+async fn queued_requests_go_on_reading_so_the_one_with_a_worker_is_not_starved() {
+    let launcher = FakeLauncher::new(WorkerOptions::default());
+    let agent = Agent::start(config(1, 8), launcher.clone()).await.unwrap();
+    let mut c = client(&agent).await;
+    c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
+    let worker = launcher.launched()[0].clone();
+    let tcp = tokio::net::TcpStream::connect(agent.listen())
+        .await
+        .unwrap();
+    // Windows that take every answer at once: answers waiting for window
+    // would be reset by the agent's send timeout as the paused clock runs.
+    let (h2, conn) = h2::client::Builder::new()
+        .initial_window_size(16 << 20)
+        .initial_connection_window_size(64 << 20)
+        .handshake(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut h2 = h2.ready().await.unwrap();
+    let whole = framed(&request("dense", &input()));
+    let before = worker.received();
+    let (first, mut body) = start(&mut h2, &whole[..FIRST]);
+    worker_reads(&worker, before, FIRST, "the first request").await;
+    // Five more, 3.5 MiB each (within the largest message), queued: more
+    // than the client's 16 MiB connection window in all.
+    let big: Vec<f32> = (0..(7 << 19) / 4).map(|i| (i % 13) as f32).collect();
+    let big = framed(&request("dense", &big));
+    let mut queued = Vec::new();
+    for _ in 0..5 {
+        let (resp, mut body) = start(&mut h2, &big[..FIRST]);
+        body.send_data(Bytes::copy_from_slice(&big[FIRST..]), true)
+            .unwrap();
+        queued.push((resp, body));
+    }
+    body.send_data(Bytes::copy_from_slice(&whole[FIRST..]), true)
+        .unwrap();
+    let (status, _) = tokio::time::timeout(PATIENCE, answer(first))
+        .await
+        .expect("the first request is not starved by the queued ones");
+    assert_eq!(status, "0");
+    let (answers, _bodies): (Vec<_>, Vec<_>) = queued.into_iter().unzip();
+    for (status, _) in futures_util::future::join_all(answers.into_iter().map(answer)).await {
+        assert_eq!(status, "0");
+    }
+    agent.stop().await;
+}
