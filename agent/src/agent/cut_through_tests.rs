@@ -1,9 +1,16 @@
-//! Cut-through forwarding, in-process under tokio's paused clock: a large
-//! request goes to its worker as it arrives ([`crate::serving::forward`]).
-//! The client is `h2`'s, so a test can hold a request body half-sent, send
-//! one shorter or longer than its gRPC header says, or reset it midway;
-//! the worker is the real test worker, whose connections count the bytes
-//! they read ([`crate::testing::FakeHandle::received`]).
+//! Cut-through forwarding, in-process: a large request goes to its worker
+//! as it arrives ([`crate::serving::forward`]). The client is `h2`'s, so a
+//! test can hold a request body half-sent, send one shorter or longer than
+//! its gRPC header says, or reset it midway; the worker is the real test
+//! worker, whose connections count the bytes they read
+//! ([`crate::testing::FakeHandle::received`]).
+//!
+//! On the real clock, unlike the rest of the agent's in-process tests:
+//! under the paused clock `h2`'s client left buffered DATA (and a reset)
+//! unwritten until something else woke its connection task, while the
+//! clock ran ahead, so the tests failed at random. The waits are for
+//! events (bytes read, a slot given back); `PATIENCE` only bounds a
+//! failure.
 
 use std::time::Duration;
 
@@ -63,7 +70,7 @@ async fn setup() -> (
 }
 
 /// Starts a `ModelInfer` call whose body is `first` (not ended).
-fn start(
+async fn start(
     h2: &mut h2::client::SendRequest<Bytes>,
     first: &[u8],
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
@@ -73,9 +80,26 @@ fn start(
         .body(())
         .unwrap();
     let (resp, mut body) = h2.send_request(req, false).unwrap();
-    body.send_data(Bytes::copy_from_slice(first), false)
-        .unwrap();
+    send(&mut body, first, false).await;
     (resp, body)
+}
+
+/// Sends `data` on `body` as the agent's windows allow (`h2` sends what
+/// it buffers beyond them only when something else wakes its connection).
+async fn send(body: &mut h2::SendStream<Bytes>, data: &[u8], end: bool) {
+    let mut data = Bytes::copy_from_slice(data);
+    while !data.is_empty() {
+        body.reserve_capacity(data.len());
+        let n = std::future::poll_fn(|cx| body.poll_capacity(cx))
+            .await
+            .expect("capacity")
+            .unwrap();
+        body.send_data(data.split_to(n.min(data.len())), false)
+            .unwrap();
+    }
+    if end {
+        body.send_data(Bytes::new(), true).unwrap();
+    }
 }
 
 /// The call's gRPC status and response message bytes.
@@ -123,17 +147,16 @@ async fn slots_free(agent: &Agent) {
 /// the body is still held by the client, and the answer is exact once it
 /// is sent: the agent does not wait for the whole body (issue 27: at 16 ×
 /// 16 MiB the worker idled while interleaved requests arrived).
-#[tokio::test(start_paused = true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_request_reaches_the_worker_before_its_last_frame_is_sent() {
     let (agent, worker, mut h2) = setup().await;
     let input = input();
     let whole = framed(&request("dense", &input));
     let before = worker.received();
-    let (resp, mut body) = start(&mut h2, &whole[..FIRST]);
+    let (resp, mut body) = start(&mut h2, &whole[..FIRST]).await;
     worker_reads(&worker, before, FIRST, "before the rest was sent").await;
     assert_eq!(agent.pool().worker_load(0).0, 1, "a slot is taken");
-    body.send_data(Bytes::copy_from_slice(&whole[FIRST..]), true)
-        .unwrap();
+    send(&mut body, &whole[FIRST..], true).await;
     let (status, message) = answer(resp).await;
     assert_eq!(status, "0");
     let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
@@ -148,7 +171,7 @@ async fn a_large_request_reaches_the_worker_before_its_last_frame_is_sent() {
 /// A body shorter or longer than its gRPC header says, found out after
 /// the worker's stream was opened: INVALID_ARGUMENT, the worker's slot is
 /// given back, and the next request is served.
-#[tokio::test(start_paused = true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_shorter_or_longer_than_its_header_is_invalid_after_cut_through() {
     let (agent, worker, mut h2) = setup().await;
     let whole = framed(&request("dense", &input()));
@@ -157,10 +180,9 @@ async fn a_body_shorter_or_longer_than_its_header_is_invalid_after_cut_through()
     let short = &whole[..whole.len() - 10];
     for (name, sent) in [("short", short), ("long", &long[..])] {
         let before = worker.received();
-        let (resp, mut body) = start(&mut h2, &sent[..FIRST]);
+        let (resp, mut body) = start(&mut h2, &sent[..FIRST]).await;
         worker_reads(&worker, before, FIRST, name).await;
-        body.send_data(Bytes::copy_from_slice(&sent[FIRST..]), true)
-            .unwrap();
+        send(&mut body, &sent[FIRST..], true).await;
         let (status, _) = answer(resp).await;
         assert_eq!(status, "3", "{name}: INVALID_ARGUMENT");
         slots_free(&agent).await;
@@ -173,12 +195,12 @@ async fn a_body_shorter_or_longer_than_its_header_is_invalid_after_cut_through()
 /// A client that resets its request midway, after the worker's stream was
 /// opened, frees the worker's slot (the slot-pinning fixes of issue 24
 /// hold for a request forwarded as it arrives).
-#[tokio::test(start_paused = true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_reset_mid_body_frees_the_worker_slot() {
     let (agent, worker, mut h2) = setup().await;
     let whole = framed(&request("dense", &input()));
     let before = worker.received();
-    let (_resp, mut body) = start(&mut h2, &whole[..FIRST]);
+    let (_resp, mut body) = start(&mut h2, &whole[..FIRST]).await;
     worker_reads(&worker, before, FIRST, "before the reset").await;
     assert_eq!(agent.pool().worker_load(0).0, 1, "a slot is taken");
     body.send_reset(h2::Reason::CANCEL);
@@ -186,8 +208,8 @@ async fn a_client_reset_mid_body_frees_the_worker_slot() {
     // `h2`'s connection task write the reset out).
     let input = [0.25; 16];
     let small = framed(&request("dense", &input));
-    let (resp, mut next) = start(&mut h2, &small);
-    next.send_data(Bytes::new(), true).unwrap();
+    let (resp, mut next) = start(&mut h2, &small).await;
+    send(&mut next, &[], true).await;
     let (status, message) = answer(resp).await;
     assert_eq!(status, "0");
     let out = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
@@ -209,7 +231,7 @@ async fn a_client_reset_mid_body_frees_the_worker_slot() {
 /// connection window comes back only as bodies are read, so queued
 /// requests holding 16 MiB of unread frames would starve the request that
 /// has the worker, mid-body, until its deadline (found at 16 × 16 MiB).
-#[tokio::test(start_paused = true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_requests_go_on_reading_so_the_one_with_a_worker_is_not_starved() {
     let launcher = FakeLauncher::new(WorkerOptions::default());
     let agent = Agent::start(config(1, 8), launcher.clone()).await.unwrap();
@@ -233,7 +255,7 @@ async fn queued_requests_go_on_reading_so_the_one_with_a_worker_is_not_starved()
     let mut h2 = h2.ready().await.unwrap();
     let whole = framed(&request("dense", &input()));
     let before = worker.received();
-    let (first, mut body) = start(&mut h2, &whole[..FIRST]);
+    let (first, mut body) = start(&mut h2, &whole[..FIRST]).await;
     worker_reads(&worker, before, FIRST, "the first request").await;
     // Five more, 3.5 MiB each (within the largest message), queued: more
     // than the client's 16 MiB connection window in all.
@@ -241,13 +263,11 @@ async fn queued_requests_go_on_reading_so_the_one_with_a_worker_is_not_starved()
     let big = framed(&request("dense", &big));
     let mut queued = Vec::new();
     for _ in 0..5 {
-        let (resp, mut body) = start(&mut h2, &big[..FIRST]);
-        body.send_data(Bytes::copy_from_slice(&big[FIRST..]), true)
-            .unwrap();
+        let (resp, mut body) = start(&mut h2, &big[..FIRST]).await;
+        send(&mut body, &big[FIRST..], true).await;
         queued.push((resp, body));
     }
-    body.send_data(Bytes::copy_from_slice(&whole[FIRST..]), true)
-        .unwrap();
+    send(&mut body, &whole[FIRST..], true).await;
     let (status, _) = tokio::time::timeout(PATIENCE, answer(first))
         .await
         .expect("the first request is not starved by the queued ones");
