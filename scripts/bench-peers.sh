@@ -16,9 +16,9 @@
 #   SIZES=1024 CONCS=1 scripts/bench-peers.sh    # one row
 #
 # PROBE_TIMEOUT=5s gives the agent's liveness probe of the worker that long
-# (default 1s): at 16 MiB × 16 the test worker computes on its runtime
-# threads and can answer the probe late, and the agent then restarts it as
-# hung (BENCHMARKS.md, issue 27). HAProxy and nginx probe nothing.
+# (default 1s): before probes ran on a thread of their own, a late probe at
+# 16 MiB × 16 made the agent restart the busy worker as hung (BENCHMARKS.md,
+# issue 27). HAProxy and nginx probe nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${BENCH_DURATION:-5s}
