@@ -63,7 +63,7 @@ pub const REPORT_REFRESH: Duration = crate::dispatch::busy::BUCKET;
 /// The load report of one response ([`Pool::report`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Report {
-    /// In flight, queued and weight now; busy ratio of `snapshot`.
+    /// In flight and queued now; busy ratio and weight of `snapshot`.
     pub load: LoadReport,
     /// The whole report as last taken, at most [`REPORT_REFRESH`] ago.
     pub snapshot: LoadReport,
@@ -301,6 +301,10 @@ impl Pool {
                     .collect();
                 s.model_tenant.extend(owners);
             }
+        }
+        if s.slots[index].routable != routable {
+            // The weight changes by this worker's share: in the next report.
+            s.snapshot = None;
         }
         let slot = &mut s.slots[index];
         let was = slot.routable;
@@ -544,8 +548,15 @@ impl Pool {
     /// missing ones are 1), every [`capacity::TICK`].
     pub fn set_health(&self, health: &[f64]) {
         let mut s = lock(&self.sched);
+        let mut changed = false;
         for (i, slot) in s.slots.iter_mut().enumerate() {
-            slot.health = health.get(i).copied().unwrap_or(1.0);
+            let factor = health.get(i).copied().unwrap_or(1.0);
+            changed |= slot.health != factor;
+            slot.health = factor;
+        }
+        if changed {
+            // The weight follows the factors: in the next report.
+            s.snapshot = None;
         }
     }
 
@@ -597,25 +608,27 @@ impl Pool {
         (report, s.completions.per_second(now))
     }
 
-    /// The load report a response carries: in flight, queued and weight as
-    /// they are now; busy ratio and rate from a snapshot taken at most
-    /// [`REPORT_REFRESH`] ago (both are 10 s windows). A change of weight
-    /// (a worker ready or gone, a new capacity step) takes a new snapshot at
-    /// once, so a client never reads a stale weight — a node that just
-    /// became ready is not passed over as weight 0.
+    /// The load report a response carries: in flight and queued as they
+    /// are now; busy ratio, rate and weight from a snapshot taken at most
+    /// [`REPORT_REFRESH`] ago (the first two are 10 s windows). A worker
+    /// that becomes routable or stops being so, or a change of health
+    /// factor, drops the snapshot, so that change is in the next response
+    /// — a node that just became ready is not passed over as weight 0. The
+    /// learned capacity (the auto weight) is not followed sooner than
+    /// [`REPORT_REFRESH`]: it moves with the requests that ran alone (at
+    /// concurrency 1 every request is one), and renewing the snapshot on
+    /// each move re-encoded the whole report on every response (~3k
+    /// instructions per request; BENCHMARKS.md).
     ///
     /// A snapshot's values repeat on every response until the next one, so
     /// HPACK sends them as an index into the connection's table instead of
-    /// Huffman-coding them on every response; see `load_report.rs`.
+    /// Huffman-coding them on every response, and the ORCA value is encoded
+    /// once per snapshot; see `load_report.rs`.
     pub fn report(&self) -> Report {
         let mut s = lock(&self.sched);
         let now = Instant::now();
-        let weight = self.weight_with(&s);
         let (snapshot, rps) = match s.snapshot {
-            Some((at, report, rps))
-                if report.weight == weight
-                    && now.saturating_duration_since(at) < REPORT_REFRESH =>
-            {
+            Some((at, report, rps)) if now.saturating_duration_since(at) < REPORT_REFRESH => {
                 (report, rps)
             }
             _ => {

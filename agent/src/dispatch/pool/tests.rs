@@ -317,6 +317,68 @@ async fn a_report_carries_the_live_weight_and_load_and_repeats_the_rest() {
     assert_eq!(f.pool.report().load.in_flight, 0);
 }
 
+/// The learned capacity (the auto weight) moves with the requests that ran
+/// alone — at concurrency 1, every request is one. The report's snapshot
+/// follows it at `REPORT_REFRESH`, not on every response (the report would
+/// be taken and encoded anew each time); a change of health factor, like
+/// one of routability, renews it at once. (The report reads the std clock,
+/// which moves by microseconds here, far inside `REPORT_REFRESH`;
+/// latencies are on tokio's.)
+#[tokio::test(start_paused = true)]
+async fn a_report_keeps_its_snapshot_while_the_learned_weight_moves() {
+    let (workers, drivers): (Vec<_>, Vec<_>) =
+        [Worker::new(spec("a", &["m"], 1), 0)].into_iter().unzip();
+    let f = Fixture {
+        pool: Pool::new(workers, Weight::Auto, 4),
+        drivers,
+    };
+    f.set_routable(0, true);
+    let m = f.model("m");
+    let serve = |latency: Duration| {
+        let pool = &f.pool;
+        async move {
+            let mut lease = pool.acquire(m, Some(0), None).await.unwrap();
+            tokio::time::advance(latency).await;
+            lease.served();
+        }
+    };
+    for _ in 0..40 {
+        serve(Duration::from_millis(10)).await;
+    }
+    let before = f.pool.report();
+    assert_eq!(before.snapshot.weight, f.pool.weight());
+    // Twice as slow for over half the samples the baseline is the median of.
+    for _ in 0..=crate::worker::concurrency::SOLO_SAMPLES / 2 {
+        serve(Duration::from_millis(20)).await;
+    }
+    let moved = f.pool.weight();
+    assert!(
+        moved < 0.9 * before.snapshot.weight,
+        "{moved} after {before:?}"
+    );
+    let after = f.pool.report();
+    assert_eq!(after.snapshot, before.snapshot, "the snapshot repeats");
+    assert_eq!(after.load.weight, before.load.weight);
+    f.pool.set_health(&[0.5]);
+    let halved = f.pool.weight();
+    assert!(
+        (halved - 0.5 * moved).abs() < 0.002,
+        "{halved} from {moved}"
+    );
+    let renewed = f.pool.report();
+    assert_eq!(
+        renewed.snapshot.weight, halved,
+        "a health change is at once"
+    );
+    assert_eq!(renewed.load.weight, halved);
+    f.pool.set_health(&[0.5]);
+    assert_eq!(
+        f.pool.report().snapshot,
+        renewed.snapshot,
+        "the same factor again"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn auto_weight_sums_the_measured_capacity_of_routable_workers() {
     let (workers, _drivers): (Vec<_>, Vec<_>) = [("a", 1), ("b", 1), ("c", 1)]
