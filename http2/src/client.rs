@@ -16,6 +16,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::chunks::Chunks;
 use crate::connection::{ConnError, Core, Frame, SendQueue};
 use crate::frame::{self, code, setting};
 use crate::limits::{Limits, MAX_HEADER_FIELDS};
@@ -77,7 +78,7 @@ struct Stream {
     head: Option<ResponseHead>,
     /// The first header block has arrived (taken or not).
     headed: bool,
-    data: VecDeque<Bytes>,
+    data: Chunks,
     trailers: Option<HeaderMap>,
     /// The worker ended the stream.
     ended: bool,
@@ -234,7 +235,7 @@ impl Conn {
                 unacked: 0,
                 head: None,
                 headed: false,
-                data: VecDeque::new(),
+                data: Chunks::default(),
                 trailers: None,
                 ended: false,
                 failure: None,

@@ -9,11 +9,11 @@
 //! never sees a frame the core can answer alone. Errors are the
 //! connection's: the role ends it with [`Core::fail`].
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use crate::chunks::Chunks;
 use crate::frame::{self, PeerSettings, code, flag, kind};
 use crate::limits::{Bucket, Limits};
 use crate::{Out, hpack};
@@ -192,7 +192,7 @@ impl Core {
                     self.spend_control(now)?;
                 }
                 // Padding is given back at once; the data when it is taken.
-                let data = payload.slice(range);
+                let data = within(payload, range);
                 self.credit(flow - data.len() as u32);
                 Ok(Some(Frame::Data {
                     stream,
@@ -214,7 +214,7 @@ impl Core {
                     return Ok(Some(Frame::Headers {
                         stream,
                         end_stream,
-                        block: payload.slice(range),
+                        block: within(payload, range),
                         depends_on_itself,
                     }));
                 }
@@ -459,7 +459,7 @@ impl Core {
 /// Bytes of one stream waiting for the peer's windows.
 #[derive(Debug, Default)]
 pub(crate) struct SendQueue {
-    chunks: VecDeque<Bytes>,
+    chunks: Chunks,
     len: usize,
 }
 
@@ -484,4 +484,14 @@ impl SendQueue {
         self.chunks.clear();
         std::mem::take(&mut self.len)
     }
+}
+
+/// `payload` cut to `range` in place: unlike `Bytes::slice`, no second
+/// reference to the read buffer is taken and dropped (two atomic updates
+/// per frame).
+#[inline]
+fn within(mut payload: Bytes, range: std::ops::Range<usize>) -> Bytes {
+    payload.truncate(range.end);
+    payload.advance(range.start);
+    payload
 }

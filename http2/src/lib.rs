@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod chunks;
 pub mod client;
 mod connection;
 pub mod fields;

@@ -41,6 +41,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Uri};
 
+use crate::chunks::Chunks;
 use crate::connection::{ConnError, Core, Frame, PING_DRAIN, PING_KEEPALIVE, SendQueue};
 use crate::frame::{self, code, flag, kind, setting};
 use crate::limits::{Bucket, Limits};
@@ -81,7 +82,7 @@ pub enum StreamError {
 #[derive(Debug)]
 struct Stream {
     /// Request bytes received and not taken yet.
-    data: VecDeque<Bytes>,
+    data: Chunks,
     /// What the client may still send on this stream.
     recv_window: i64,
     /// Bytes taken and not yet given back as window.
@@ -326,6 +327,10 @@ impl Conn {
             Shutdown::Draining { until } => Some(until),
             _ => None,
         };
+        if self.sending.is_empty() {
+            // Asked on every pass of the driver; most find nothing waiting.
+            return drain;
+        }
         let timeout = self.settings.limits.send_timeout;
         let blocked = self
             .sending
@@ -527,7 +532,7 @@ impl Conn {
         }
         let limits = &self.settings.limits;
         let mut stream = Stream {
-            data: VecDeque::new(),
+            data: Chunks::default(),
             recv_window: i64::from(limits.stream_window).max(frame::DEFAULT_WINDOW),
             unacked: 0,
             recv_ended: end_stream,
@@ -733,7 +738,8 @@ impl Conn {
         if here {
             frame::put_reset(self.core.out.buf(), id, error);
         }
-        let held: usize = stream.data.drain(..).map(|d| d.len()).sum();
+        let held: usize = stream.data.iter().map(Bytes::len).sum();
+        stream.data.clear();
         self.queued -= stream.queue.clear();
         stream.last = None;
         stream.blocked_since = None;
@@ -928,36 +934,48 @@ impl Conn {
         if stream.reset.is_some() || stream.last.is_some() || stream.sent_end {
             return;
         }
-        stream.last = Some(match trailers {
-            Some(t) => Last::Trailers(t.clone()),
-            None => Last::Data,
-        });
         if stream.queue.is_empty() {
-            self.put_last(id);
+            // Nothing waits for window: the last frame leaves now, encoded
+            // from the caller's trailers (no copy of them).
+            self.put_end(id, trailers);
         } else {
             // After the data still waiting for window.
+            stream.last = Some(match trailers {
+                Some(t) => Last::Trailers(t.clone()),
+                None => Last::Data,
+            });
             self.send_pending(wake);
         }
     }
 
-    /// Writes stream `id`'s last frame, now that its data has left.
+    /// Writes stream `id`'s last frame as kept by [`Conn::send_end`], now
+    /// that its data has left.
     fn put_last(&mut self, id: u32) {
+        let Some(last) = self.streams.get_mut(&id).and_then(|s| s.last.take()) else {
+            return;
+        };
+        match last {
+            Last::Trailers(t) => self.put_end(id, Some(&t)),
+            Last::Data => self.put_end(id, None),
+        }
+    }
+
+    /// Writes stream `id`'s last frame: `trailers`, or an empty DATA frame
+    /// with END_STREAM.
+    fn put_end(&mut self, id: u32, trailers: Option<&HeaderMap>) {
         let Some(stream) = self.streams.get_mut(&id) else {
             return;
         };
-        let Some(last) = stream.last.take() else {
-            return;
-        };
         stream.sent_end = true;
-        match last {
-            Last::Trailers(t) => {
+        match trailers {
+            Some(t) => {
                 let mut block = std::mem::take(&mut self.scratch);
                 block.clear();
-                hpack::encode::put_trailer_block(&mut block, &mut self.indexer, &t);
+                hpack::encode::put_trailer_block(&mut block, &mut self.indexer, t);
                 self.core.put_block(id, &block, true);
                 self.scratch = block;
             }
-            Last::Data => frame::put_head(self.core.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
+            None => frame::put_head(self.core.out.buf(), 0, kind::DATA, flag::END_STREAM, id),
         }
         self.reap(id);
     }
