@@ -15,7 +15,8 @@
 //! `scripts/import-graph.py` prints it). Bottom first:
 //!
 //! 1. the crate-wide pieces: [`config`] (TOML and flags, checked), [`tls`],
-//!    [`error`] (the one place errors become gRPC statuses), [`trace`];
+//!    [`error`] (the one place errors become gRPC statuses), [`trace`],
+//!    [`alarm`] (the waker connection tasks give their timers and signals);
 //! 2. [`worker`]: one worker as the rest of the agent sees it, and the
 //!    HTTP/2 client to its process;
 //! 3. [`dispatch`]: admission, per-worker permits, per-model queues, live
@@ -34,6 +35,7 @@
 //! registers the parent-death signal between `fork` and `exec`.
 #![deny(unsafe_code)]
 
+pub mod alarm;
 pub mod config;
 pub mod error;
 pub mod tls;

@@ -11,7 +11,7 @@
 //! connection task twice and paid for its stream store, locks and HPACK
 //! table; see BENCHMARKS.md for what this saves.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,6 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use infermesh_http2::client::{Conn, Refusal};
+
+use crate::alarm::Alarm;
 pub use infermesh_http2::client::{Failure, ResponseHead};
 pub use infermesh_http2::request::Metadata;
 
@@ -397,6 +399,14 @@ impl Upstream {
 /// The connection's task: reads frames and hands them to their streams,
 /// finishes writes the requests could not. Ends when the connection fails
 /// or closes, or the worker's entry goes.
+///
+/// A poll function rather than a `select!` over fresh futures: that made
+/// and dropped a readiness future, a notification and a cancellation
+/// future on every read, about 2k instructions per request at
+/// concurrency 1. The socket's readiness is polled directly; the
+/// cancellation and the requests' call for a write ([`Shared::flush`])
+/// are futures kept across passes and polled only when their [`Alarm`]
+/// rang.
 async fn drive(shared: &Shared, closed: &CancellationToken) -> Option<Failure> {
     let mut buf = BytesMut::with_capacity(READ_BUFFER);
     let mut wake = Vec::new();
@@ -404,48 +414,80 @@ async fn drive(shared: &Shared, closed: &CancellationToken) -> Option<Failure> {
     // worker blocked writing to the agent may be what keeps it from
     // reading.
     let mut blocked = false;
-    let ended = loop {
-        tokio::select! {
-            ready = shared.tcp.readable() => {
-                if let Err(e) = ready {
-                    break Failure::Connection(e.to_string());
-                }
-                if buf.capacity() - buf.len() < READ_BUFFER / 4 {
-                    buf.reserve(READ_BUFFER);
-                }
-                match read_some(&shared.tcp, &mut buf) {
-                    Ok(0) => break Failure::Connection("the worker closed the connection".into()),
-                    Ok(_) => {
-                        let mut conn = shared.lock();
-                        conn.on_read(&mut buf, std::time::Instant::now(), &mut wake);
-                        shared.flush(&mut conn);
-                        let failed = conn.is_failed();
-                        drop(conn);
-                        wake.drain(..).for_each(Waker::wake);
-                        if failed {
-                            break Failure::Connection("the worker broke the protocol".into());
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => break Failure::Connection(e.to_string()),
-                }
+    let mut alarm = Alarm::new();
+    let mut cancelled = std::pin::pin!(closed.cancelled());
+    let mut wanted = std::pin::pin!(shared.write_wanted.notified());
+    let ended = poll_fn(|cx| {
+        if alarm.take(cx) {
+            let mut signals = alarm.context();
+            if cancelled.as_mut().poll(&mut signals).is_ready() {
+                return Poll::Ready(None);
             }
-            () = shared.write_wanted.notified(), if !blocked => blocked = true,
-            ready = shared.tcp.writable(), if blocked => {
-                if let Err(e) = ready {
-                    break Failure::Connection(e.to_string());
-                }
-                let mut conn = shared.lock();
-                shared.flush(&mut conn);
-                // Still blocked: `flush` asked again (`write_wanted`).
-                blocked = false;
-                if conn.is_failed() {
-                    break Failure::Connection("writing to the worker failed".into());
-                }
+            if !blocked && wanted.as_mut().poll(&mut signals).is_ready() {
+                blocked = true;
             }
-            () = closed.cancelled() => return None,
         }
-    };
+        loop {
+            match shared.tcp.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Some(Failure::Connection(e.to_string())));
+                }
+                Poll::Pending => break,
+            }
+            if buf.capacity() - buf.len() < READ_BUFFER / 4 {
+                buf.reserve(READ_BUFFER);
+            }
+            match read_some(&shared.tcp, &mut buf) {
+                Ok(0) => {
+                    let why = "the worker closed the connection";
+                    return Poll::Ready(Some(Failure::Connection(why.into())));
+                }
+                Ok(_) => {
+                    let mut conn = shared.lock();
+                    conn.on_read(&mut buf, std::time::Instant::now(), &mut wake);
+                    shared.flush(&mut conn);
+                    let failed = conn.is_failed();
+                    drop(conn);
+                    wake.drain(..).for_each(Waker::wake);
+                    if failed {
+                        let why = "the worker broke the protocol";
+                        return Poll::Ready(Some(Failure::Connection(why.into())));
+                    }
+                }
+                // Readiness cleared: the next poll waits for new data.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Some(Failure::Connection(e.to_string()))),
+            }
+        }
+        if blocked {
+            match shared.tcp.poll_write_ready(cx) {
+                Poll::Ready(Ok(())) => {
+                    let mut conn = shared.lock();
+                    shared.flush(&mut conn);
+                    if conn.is_failed() {
+                        let why = "writing to the worker failed";
+                        return Poll::Ready(Some(Failure::Connection(why.into())));
+                    }
+                    drop(conn);
+                    // Listen again. Still blocked: `flush` asked again (a
+                    // stored permit), which the new future takes at once.
+                    blocked = false;
+                    wanted.set(shared.write_wanted.notified());
+                    if wanted.as_mut().poll(&mut alarm.context()).is_ready() {
+                        blocked = true;
+                        cx.waker().wake_by_ref();
+                    }
+                }
+                Poll::Ready(Err(e)) => {
+                    return Poll::Ready(Some(Failure::Connection(e.to_string())));
+                }
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    })
+    .await?;
     let mut conn = shared.lock();
     conn.fail(ended.clone(), &mut wake);
     drop(conn);
