@@ -82,10 +82,12 @@ pub struct InferPath {
 }
 
 /// How and when a request arrived.
-struct Arrival {
+struct Arrival<'a> {
     via: TransportPath,
     started: Instant,
     deadline: Option<Instant>,
+    /// The client connection, when it came over the OIP port.
+    conn: Option<&'a ConnInfo>,
 }
 
 impl InferPath {
@@ -113,18 +115,26 @@ impl InferPath {
         }
     }
 
-    /// Answers one `ModelInfer` request that came over HTTP/2.
-    pub async fn call<B>(&self, req: Request<B>) -> Response<FrontBody>
+    /// Answers one `ModelInfer` request that came over HTTP/2 on
+    /// connection `conn`.
+    pub async fn call<B>(&self, req: Request<B>, conn: Option<&ConnInfo>) -> Response<FrontBody>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
     {
-        self.call_via(req, TransportPath::Grpc).await
+        self.call_via(req, TransportPath::Grpc, conn).await
     }
 
-    /// Answers one `ModelInfer` request; inline tensors count as `via` in
-    /// `infermesh_transport_requests_total`.
-    pub async fn call_via<B>(&self, req: Request<B>, via: TransportPath) -> Response<FrontBody>
+    /// Answers one `ModelInfer` request of connection `conn` (shared memory
+    /// and RDMA regions are the connection's; a connection that does not
+    /// read its responses is refused more); inline tensors count as `via`
+    /// in `infermesh_transport_requests_total`.
+    pub async fn call_via<B>(
+        &self,
+        req: Request<B>,
+        via: TransportPath,
+        conn: Option<&ConnInfo>,
+    ) -> Response<FrontBody>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
@@ -144,6 +154,7 @@ impl InferPath {
                     via,
                     started,
                     deadline,
+                    conn,
                 },
                 ticket,
                 &mut model,
@@ -174,7 +185,7 @@ impl InferPath {
         &self,
         parts: &http::request::Parts,
         body: B,
-        arrival: Arrival,
+        arrival: Arrival<'_>,
         ticket: Ticket,
         model: &mut Option<crate::dispatch::models::ModelId>,
     ) -> Result<Response<FrontBody>, Status>
@@ -186,6 +197,7 @@ impl InferPath {
             via,
             started,
             deadline,
+            conn,
         } = arrival;
         if parts
             .headers
@@ -238,7 +250,7 @@ impl InferPath {
         let permit = incoming.permit()?;
         if crate::transports::shm::uses_shm(&req) || crate::transports::rdma::uses_rdma(&req) {
             drop(permit);
-            let owner = parts.extensions.get::<ConnInfo>().map_or(0, |c| c.id);
+            let owner = conn.map_or(0, |c| c.id);
             // Boxed: this path's future is large, and the plain path's
             // future (moved into place on every request) would be as large.
             let (resp, path) = Box::pin(
@@ -258,7 +270,7 @@ impl InferPath {
         .map_err(AgentError::from)?;
         let priority = crate::dispatch::tenant::request_priority(&req.parameters)?;
         drop(req);
-        refuse_backlogged(parts)?;
+        refuse_backlogged(conn)?;
         // The body goes on being read while the request waits for a
         // worker: the connection's window is given back as bodies are read,
         // so queued requests holding their unread frames would starve the
@@ -279,7 +291,7 @@ impl InferPath {
         };
         // Checked again: the client may have stopped reading while this
         // request queued.
-        refuse_backlogged(parts)?;
+        refuse_backlogged(conn)?;
         crate::trace::record("worker", &lease.worker().id());
         self.metrics.transport(via);
         let process = Arc::clone(lease.process());
@@ -450,8 +462,8 @@ fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
 /// bytes wait for its HTTP/2 windows than its connection's send buffer
 /// allows. Without it a slow or zero-window reader would make each of its
 /// requests hold response bytes in the agent until the send timeout.
-fn refuse_backlogged(parts: &http::request::Parts) -> Result<(), Status> {
-    match parts.extensions.get::<ConnInfo>() {
+fn refuse_backlogged(conn: Option<&ConnInfo>) -> Result<(), Status> {
+    match conn {
         Some(info) if info.is_backlogged() => Err(Status::resource_exhausted(
             "this connection is not reading its responses; read them, or retry on another connection",
         )),

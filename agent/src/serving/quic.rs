@@ -388,7 +388,7 @@ async fn relay(
         req.headers_mut().insert("grpc-timeout", value);
     }
     let (head, mut body) = infer
-        .call_via(req, crate::metrics::TransportPath::Quic)
+        .call_via(req, crate::metrics::TransportPath::Quic, None)
         .await
         .into_parts();
     let internal = |why: String| Answer::Status(tonic::Code::Internal as i32, why);

@@ -174,21 +174,39 @@ async fn connection(
 /// What a connection's requests are answered by: the OIP port's routes
 /// ([`Oip`]), or a stand-in in tests.
 pub trait Router: Send + Sync + 'static {
-    /// Answers one request.
-    fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send;
+    /// Answers one request of connection `conn`.
+    fn route(
+        &self,
+        req: Request<RequestBody>,
+        conn: ConnInfo,
+    ) -> impl Future<Output = Response<FrontBody>> + Send;
 }
 
 impl Router for Oip {
-    fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send {
-        Oip::route(self, req)
+    fn route(
+        &self,
+        req: Request<RequestBody>,
+        conn: ConnInfo,
+    ) -> impl Future<Output = Response<FrontBody>> + Send {
+        Oip::route(self, req, conn)
     }
 }
 
 impl Oip {
-    /// Answers one request.
-    pub async fn route(&self, req: Request<RequestBody>) -> Response<FrontBody> {
+    /// Answers one request of connection `conn`. The pass-through takes
+    /// `conn` as it is; the tonic services find it in the request's
+    /// extensions (a map allocated per request, about 800 instructions, so
+    /// only for them).
+    pub async fn route(
+        &self,
+        mut req: Request<RequestBody>,
+        conn: ConnInfo,
+    ) -> Response<FrontBody> {
+        if req.uri().path() == MODEL_INFER_PATH {
+            return self.infer.call(req, Some(&conn)).await;
+        }
+        req.extensions_mut().insert(conn);
         match req.uri().path() {
-            MODEL_INFER_PATH => self.infer.call(req).await,
             // Boxed: the other paths' futures are large, and every request's
             // future is as large as its largest path (moved on every request).
             MODEL_STREAM_INFER_PATH => Box::pin(self.tonic(self.streams.clone(), req)).await,

@@ -3,8 +3,9 @@
 //! Shared-memory regions and RDMA queue pairs a client registers belong to
 //! its connection (see [`crate::transports::shm`]): a client can only use and unregister
 //! its own, and when the connection closes they are forgotten. The server
-//! ([`crate::serving::server`]) numbers each accepted connection and puts a
-//! [`ConnInfo`] into every request's extensions.
+//! ([`crate::serving::server`]) numbers each accepted connection and hands
+//! its [`ConnInfo`] to every request: to the pass-through as an argument,
+//! to the tonic services in the request's extensions ([`owner`]).
 //!
 //! [`FirstByteDeadline`] closes a connection that sends nothing within the
 //! handshake timeout after being accepted (a connection that never starts

@@ -381,12 +381,17 @@ where
             return;
         }
         self.last_request = now;
-        for (id, mut req) in accepted.drain(..) {
-            req.extensions_mut().insert(self.info.clone());
+        for (id, req) in accepted.drain(..) {
             let call = Cancellable {
                 shared: Arc::clone(&self.shared),
                 id,
-                inner: handle(Arc::clone(&self.router), Arc::clone(&self.shared), id, req),
+                inner: handle(
+                    Arc::clone(&self.router),
+                    Arc::clone(&self.shared),
+                    id,
+                    req,
+                    self.info.clone(),
+                ),
             };
             if self.requests.len() < INLINE_REQUESTS {
                 self.requests.push(Box::pin(call));
@@ -535,13 +540,20 @@ impl<F: Future<Output = ()>> Future for Cancellable<F> {
     }
 }
 
-/// Serves one request on its stream: routes it, sends the response.
-async fn handle<R: Router>(router: Arc<R>, shared: Arc<Shared>, id: u32, req: Request<()>) {
+/// Serves one request of connection `conn` on its stream: routes it,
+/// sends the response.
+async fn handle<R: Router>(
+    router: Arc<R>,
+    shared: Arc<Shared>,
+    id: u32,
+    req: Request<()>,
+    conn: ConnInfo,
+) {
     let req = req.map(|()| RequestBody {
         shared: Arc::clone(&shared),
         id,
     });
-    let resp = router.route(req).await;
+    let resp = router.route(req, conn).await;
     let (head, body) = resp.into_parts();
     let end = body.is_end_stream();
     shared.with(|c, _| c.send_head(id, head.status.as_u16(), &head.headers, end));

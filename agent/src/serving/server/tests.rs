@@ -31,7 +31,11 @@ impl Drop for OnDrop {
 }
 
 impl Router for Echo {
-    fn route(&self, req: Request<RequestBody>) -> impl Future<Output = Response<FrontBody>> + Send {
+    fn route(
+        &self,
+        req: Request<RequestBody>,
+        _conn: ConnInfo,
+    ) -> impl Future<Output = Response<FrontBody>> + Send {
         let guard = (req.uri().path() == "/hang")
             .then(|| OnDrop(Arc::clone(&self.dropped), Arc::clone(&self.drop_seen)));
         let hold = (req.uri().path() == "/hold").then(|| {
