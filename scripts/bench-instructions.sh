@@ -31,8 +31,12 @@ count() {
     --duration 2s --wait-ready 120s >/dev/null
   callgrind_control -z "$pid" >/dev/null 2>&1
   local line
+  # No warm-up in the counted run (the run before warmed up): its requests
+  # would be counted in the instructions and not in `requests` (bench's
+  # default 1 s), inflating the figure by a fifth and by however fast that
+  # second ran — most of the run-to-run spread of earlier figures.
   line=$("$bin/infermesh" bench --target "$target" --concurrency "$conc" --size-bytes "$size" \
-    --duration "$duration" --json | tail -n 1)
+    --duration "$duration" --warmup 0s --json | tail -n 1)
   callgrind_control -d "$pid" >/dev/null 2>&1
   local file
   file=$(ls -t "$work/$name.out"* | head -n 1)
