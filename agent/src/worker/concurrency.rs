@@ -218,19 +218,42 @@ struct Window {
 }
 
 /// The latencies of the last [`SOLO_SAMPLES`] requests that ran alone
-/// outside probes, seconds, oldest overwritten first.
+/// outside probes, seconds, oldest overwritten first; and the same kept
+/// in order, so that their [`baseline`] is read, not sorted, on each
+/// sample (at concurrency 1 every request is one: sorting sixteen on each
+/// was ~1k instructions per request; BENCHMARKS.md).
 #[derive(Debug, Default, Clone)]
 struct Solo {
     ring: [f64; SOLO_SAMPLES],
+    /// `ring[..len]` in `f64::total_cmp` order.
+    sorted: [f64; SOLO_SAMPLES],
     len: usize,
     next: usize,
 }
 
 impl Solo {
     fn push(&mut self, latency: f64) {
+        if self.len == SOLO_SAMPLES {
+            // The oldest leaves the order too (any one equal to it).
+            let old = self.ring[self.next];
+            let at = self.sorted[..self.len]
+                .iter()
+                .position(|x| x.total_cmp(&old).is_eq())
+                .expect("the ring's samples are the sorted ones");
+            self.sorted.copy_within(at + 1..self.len, at);
+            self.len -= 1;
+        }
         self.ring[self.next] = latency;
         self.next = (self.next + 1) % SOLO_SAMPLES;
-        self.len = (self.len + 1).min(SOLO_SAMPLES);
+        let at = self.sorted[..self.len].partition_point(|x| x.total_cmp(&latency).is_lt());
+        self.sorted.copy_within(at..self.len, at + 1);
+        self.sorted[at] = latency;
+        self.len += 1;
+    }
+
+    /// [`baseline`] of the samples.
+    fn baseline(&self) -> Option<f64> {
+        quantile_of_sorted(&self.sorted[..self.len])
     }
 
     fn clear(&mut self) {
@@ -247,7 +270,12 @@ fn baseline(samples: &[f64]) -> Option<f64> {
     let sorted = &mut sorted[..n];
     sorted.copy_from_slice(&samples[..n]);
     sorted.sort_unstable_by(f64::total_cmp);
-    let at = ((n.checked_sub(1)?) as f64 * BASELINE_QUANTILE).floor() as usize;
+    quantile_of_sorted(sorted)
+}
+
+/// The [`BASELINE_QUANTILE`] of `sorted` (in order); `None` when empty.
+fn quantile_of_sorted(sorted: &[f64]) -> Option<f64> {
+    let at = ((sorted.len().checked_sub(1)?) as f64 * BASELINE_QUANTILE).floor() as usize;
     sorted.get(at).copied()
 }
 
@@ -441,7 +469,7 @@ impl Limiter {
             self.solo.push(latency);
             // Too few since a probe measured it: the probe's stands.
             if !self.probed || self.solo.len >= SOLO_MIN {
-                self.unloaded = baseline(&self.solo.ring[..self.solo.len]);
+                self.unloaded = self.solo.baseline();
                 self.probed = false;
             }
         }

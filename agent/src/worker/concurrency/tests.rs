@@ -653,3 +653,27 @@ fn a_limit_no_one_asks_for_is_not_advertised() {
         "capacity {cap:.0}, true 100"
     );
 }
+
+/// The samples kept in order give the baseline sorting them would, as the
+/// ring fills, wraps (with repeated values leaving) and starts again.
+#[test]
+fn the_kept_order_gives_the_sorted_baseline() {
+    let mut solo = Solo::default();
+    let mut x: u64 = 7;
+    for i in 0..200 {
+        if i == 120 {
+            solo.clear();
+        }
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Few distinct values, so equal ones leave and enter.
+        let latency = 0.001 * ((x >> 60) as f64);
+        solo.push(latency);
+        assert_eq!(
+            solo.baseline(),
+            baseline(&solo.ring[..solo.len]),
+            "after sample {i}"
+        );
+    }
+}
