@@ -31,7 +31,10 @@ pub fn request_timeout(metadata: &MetadataMap) -> Option<Duration> {
 
 /// [`request_timeout`] from the HTTP headers.
 pub fn header_timeout(headers: &http::HeaderMap) -> Option<Duration> {
-    parse_grpc_timeout(headers.get("grpc-timeout")?.to_str().ok()?)
+    // A name made once: looking a `&str` up parses and checks it first, on
+    // every request.
+    const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+    parse_grpc_timeout(headers.get(GRPC_TIMEOUT)?.to_str().ok()?)
 }
 
 #[cfg(test)]

@@ -199,9 +199,11 @@ impl InferPath {
             deadline,
             conn,
         } = arrival;
+        // A name made once, as `header_timeout`'s.
+        const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
         if parts
             .headers
-            .get("grpc-encoding")
+            .get(GRPC_ENCODING)
             .is_some_and(|e| e != "identity")
         {
             return Err(Status::unimplemented(

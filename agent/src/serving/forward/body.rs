@@ -27,7 +27,9 @@ use crate::worker::inbox::Reporter;
 /// building a `Status` (message, details) for every answer cost as much as
 /// the rest of the agent's handling of the trailers.
 pub(super) fn grpc_code(map: &HeaderMap) -> Option<Code> {
-    Some(Code::from_bytes(map.get("grpc-status")?.as_bytes()))
+    // A name made once, as `header_timeout`'s.
+    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+    Some(Code::from_bytes(map.get(GRPC_STATUS)?.as_bytes()))
 }
 
 /// What is left to do when the worker's answer ends.
