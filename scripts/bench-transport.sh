@@ -2,8 +2,9 @@
 # Transport benchmark: one agent fronting a test worker that serves `identity`
 # (OUTPUT0 = INPUT0, no compute), driven by `infermesh bench --transport` with
 # tensors of 4 KiB, 1 MiB and 16 MiB in and the same out: shared memory
-# through leased regions (`--leased`: the input written once into a region,
-# the output read where the worker wrote it), shared memory through the
+# through leased regions (`--leased`: the input written into a region for
+# each request, the output left where the worker wrote it, a view dropped
+# unread), shared memory through the
 # simple API (the library copies in and out), gRPC inline through the agent,
 # and a plain memcpy of the same size. Cells interleaved, one agent.
 # Usage: scripts/bench-transport.sh [DURATION]   (default 5s per run)
