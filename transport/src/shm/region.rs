@@ -508,6 +508,25 @@ mod tests {
         assert_eq!(mappings_of(&path), 1, "unmapped when the region goes");
     }
 
+    /// Runs `attempt` 2000 times while another thread shrinks the file at
+    /// `path` to nothing and grows it back to `size`, over and over.
+    fn while_truncated(path: &std::path::Path, size: u64, mut attempt: impl FnMut()) {
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = OpenOptions::new().write(true).open(path).unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    file.set_len(0).unwrap();
+                    file.set_len(size).unwrap();
+                }
+            });
+            for _ in 0..2000 {
+                attempt();
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
+
     #[test]
     fn copies_survive_a_destination_truncated_and_re_extended_meanwhile() {
         // The destination's mapping is written by the kernel (`pread`), so
@@ -519,24 +538,11 @@ mod tests {
         let src = ShmRegion::open_in(dir.shm(), "src", 0, size).unwrap();
         let dst = ShmRegion::open_in(dir.shm(), "dst", 0, size).unwrap();
         let path = dir.shm().path().join("dst");
-        let stop = std::sync::atomic::AtomicBool::new(false);
         let (mut ok, mut truncated) = (0, 0);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let file = OpenOptions::new().write(true).open(&path).unwrap();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    file.set_len(0).unwrap();
-                    file.set_len(size).unwrap();
-                }
-            });
-            for _ in 0..2000 {
-                match src.copy_to(0, &dst, 0, size) {
-                    Ok(()) => ok += 1,
-                    Err(ShmError::Truncated { .. }) => truncated += 1,
-                    Err(e) => panic!("unexpected {e}"),
-                }
-            }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        while_truncated(&path, size, || match src.copy_to(0, &dst, 0, size) {
+            Ok(()) => ok += 1,
+            Err(ShmError::Truncated { .. }) => truncated += 1,
+            Err(e) => panic!("unexpected {e}"),
         });
         assert_eq!(ok + truncated, 2000);
     }
@@ -632,31 +638,20 @@ mod tests {
         let _c = ShmRegion::create_in(dir.shm(), "race", size).unwrap();
         let server = ShmRegion::open_in(dir.shm(), "race", 0, size).unwrap();
         let path = dir.shm().path().join("race");
-        let stop = std::sync::atomic::AtomicBool::new(false);
         let (mut ok, mut truncated) = (0, 0);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let file = OpenOptions::new().write(true).open(&path).unwrap();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    file.set_len(0).unwrap();
-                    file.set_len(size).unwrap();
+        while_truncated(&path, size, || {
+            match server.read(0, size) {
+                Ok(b) => {
+                    assert_eq!(b.len() as u64, size);
+                    ok += 1;
                 }
-            });
-            for _ in 0..2000 {
-                match server.read(0, size) {
-                    Ok(b) => {
-                        assert_eq!(b.len() as u64, size);
-                        ok += 1;
-                    }
-                    Err(ShmError::Truncated { .. }) => truncated += 1,
-                    Err(e) => panic!("unexpected {e}"),
-                }
-                match server.write(size - 4096, &[7u8; 4096]) {
-                    Ok(()) | Err(ShmError::Truncated { .. }) => {}
-                    Err(e) => panic!("unexpected {e}"),
-                }
+                Err(ShmError::Truncated { .. }) => truncated += 1,
+                Err(e) => panic!("unexpected {e}"),
             }
-            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            match server.write(size - 4096, &[7u8; 4096]) {
+                Ok(()) | Err(ShmError::Truncated { .. }) => {}
+                Err(e) => panic!("unexpected {e}"),
+            }
         });
         assert_eq!(ok + truncated, 2000);
     }
