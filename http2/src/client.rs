@@ -746,16 +746,23 @@ mod tests {
         frames
     }
 
+    /// A connection with one stream opened by [`Conn::open_streaming`] with
+    /// the body's first bytes (`head`), the rest still to come.
+    fn streaming_with_head() -> (Conn, u32) {
+        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
+        let id = conn
+            .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
+            .unwrap();
+        (conn, id)
+    }
+
     /// A stream opened before its body has all arrived sends what it has,
     /// leaves the stream open, sends what is pushed after, and ends the
     /// stream with the last push (also when the last push is empty).
     #[test]
     fn a_streaming_body_ends_the_stream_only_with_its_last_push() {
         for last_empty in [false, true] {
-            let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
-            let id = conn
-                .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
-                .unwrap();
+            let (mut conn, id) = streaming_with_head();
             let frames = written(&mut conn);
             let headers = frames.iter().find(|f| f.0 == kind::HEADERS).unwrap();
             assert_eq!(headers.1 & flag::END_STREAM, 0, "the stream stays open");
@@ -790,10 +797,7 @@ mod tests {
     /// worker has answered: otherwise the worker would wait for its end.
     #[test]
     fn closing_a_stream_whose_body_is_open_resets_it() {
-        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
-        let id = conn
-            .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
-            .unwrap();
+        let (mut conn, id) = streaming_with_head();
         feed(&mut conn, kind::SETTINGS, 0, 0, &[]);
         // A trailers-only answer: :status 200, END_STREAM.
         feed(
@@ -813,10 +817,7 @@ mod tests {
     /// can open it again with what it kept.
     #[test]
     fn pushing_to_a_refused_stream_reports_the_refusal() {
-        let mut conn = Conn::new("127.0.0.1:1", "/inference.GRPCInferenceService/ModelInfer");
-        let id = conn
-            .open_streaming(&HeaderMap::new(), &[Bytes::from_static(b"head")])
-            .unwrap();
+        let (mut conn, id) = streaming_with_head();
         feed(&mut conn, kind::SETTINGS, 0, 0, &[]);
         feed(
             &mut conn,
