@@ -53,8 +53,23 @@ async fn setup() -> (
     crate::testing::FakeHandle,
     h2::client::SendRequest<Bytes>,
 ) {
+    setup_with(4, h2::client::Builder::new()).await
+}
+
+/// [`setup`] with a worker of `slots` and the `h2` connection made by
+/// `builder`.
+async fn setup_with(
+    slots: usize,
+    builder: h2::client::Builder,
+) -> (
+    Agent,
+    crate::testing::FakeHandle,
+    h2::client::SendRequest<Bytes>,
+) {
     let launcher = FakeLauncher::new(WorkerOptions::default());
-    let agent = Agent::start(config(4, 8), launcher.clone()).await.unwrap();
+    let agent = Agent::start(config(slots, 8), launcher.clone())
+        .await
+        .unwrap();
     // Ready: the worker answers through the agent.
     let mut c = client(&agent).await;
     c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
@@ -62,7 +77,7 @@ async fn setup() -> (
     let tcp = tokio::net::TcpStream::connect(agent.listen())
         .await
         .unwrap();
-    let (send, conn) = h2::client::handshake(tcp).await.unwrap();
+    let (send, conn) = builder.handshake(tcp).await.unwrap();
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -233,26 +248,13 @@ async fn a_client_reset_mid_body_frees_the_worker_slot() {
 /// has the worker, mid-body, until its deadline (found at 16 × 16 MiB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_requests_go_on_reading_so_the_one_with_a_worker_is_not_starved() {
-    let launcher = FakeLauncher::new(WorkerOptions::default());
-    let agent = Agent::start(config(1, 8), launcher.clone()).await.unwrap();
-    let mut c = client(&agent).await;
-    c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
-    let worker = launcher.launched()[0].clone();
-    let tcp = tokio::net::TcpStream::connect(agent.listen())
-        .await
-        .unwrap();
     // Windows that take every answer at once: answers waiting for window
     // would be reset by the agent's send timeout as the paused clock runs.
-    let (h2, conn) = h2::client::Builder::new()
+    let mut builder = h2::client::Builder::new();
+    builder
         .initial_window_size(16 << 20)
-        .initial_connection_window_size(64 << 20)
-        .handshake(tcp)
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut h2 = h2.ready().await.unwrap();
+        .initial_connection_window_size(64 << 20);
+    let (agent, worker, mut h2) = setup_with(1, builder).await;
     let whole = framed(&request("dense", &input()));
     let before = worker.received();
     let (first, mut body) = start(&mut h2, &whole[..FIRST]).await;
