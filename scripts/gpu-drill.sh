@@ -19,6 +19,8 @@
 # Xid lines from /dev/kmsg (to blame an Xid on its worker) needs root or
 # CAP_SYSLOG; without it the script says so and the drill still runs, with
 # Xids unattributed. Takes a few minutes (COUNT injections per fault).
+# On a host without grpcio-tools, INFERMESH_OIP_STUBS names a directory of
+# OIP stubs generated elsewhere (see examples/torch-worker/torch_worker.py).
 #
 # Environment: COUNT (default 5), GPU (default 0), PYTHON (default python3),
 # BIN (default: target/release after `cargo build --release`), PATIENCE
@@ -38,12 +40,16 @@ fail() { echo "gpu-drill: $*" >&2; exit 1; }
 
 if [ "$device" = numpy ]; then
   gpu_backend=off
-  "$python" -c 'import grpc, grpc_tools, numpy' || fail "Python requirements missing: pip install grpcio grpcio-tools numpy, or set PYTHON"
+  "$python" -c 'import grpc, numpy' || fail "Python requirements missing: pip install grpcio grpcio-tools numpy, or set PYTHON"
 else
   gpu_backend=nvml
   { command -v nvidia-smi >/dev/null && nvidia-smi -L; } || echo "gpu-drill: nvidia-smi not found; going on (NVML is what the agent uses)" >&2
   "$python" - <<'PY' || fail "Python requirements missing: pip install -r examples/torch-worker/requirements.txt (and a CUDA build of torch), or set PYTHON"
-import grpc, grpc_tools, numpy, torch
+import os, grpc, numpy, torch
+try:
+    import grpc_tools
+except ImportError:
+    assert os.environ.get("INFERMESH_OIP_STUBS"), "no grpcio-tools and no INFERMESH_OIP_STUBS (stubs generated elsewhere)"
 assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s): {torch.cuda.get_device_name(0)}")
 PY

@@ -49,9 +49,24 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 def load_stubs(proto_dir: Path):
     """Generates the OIP stubs from the project's protos into a temporary
-    directory and imports them."""
-    from grpc_tools import protoc
-    import grpc_tools
+    directory and imports them. On a host without grpcio-tools, the
+    directory named by INFERMESH_OIP_STUBS (holding `inference/*_pb2*.py`
+    generated elsewhere, e.g. by `python -m grpc_tools.protoc`) is imported
+    instead."""
+    prebuilt = os.environ.get("INFERMESH_OIP_STUBS")
+    if prebuilt:
+        sys.path.insert(0, prebuilt)
+        from inference import grpc_service_pb2, grpc_service_pb2_grpc
+
+        return grpc_service_pb2, grpc_service_pb2_grpc
+    try:
+        from grpc_tools import protoc
+        import grpc_tools
+    except ImportError:
+        raise SystemExit(
+            "grpcio-tools is not installed: pip install grpcio-tools, or set INFERMESH_OIP_STUBS "
+            "to a directory of stubs generated on another host"
+        )
 
     out = Path(tempfile.mkdtemp(prefix="torch-worker-stubs-"))
     include = Path(grpc_tools.__file__).resolve().parent / "_proto"
