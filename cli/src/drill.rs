@@ -564,7 +564,8 @@ async fn wait_all_routable(
             .collect();
         if !said && !unsettled.is_empty() {
             eprintln!(
-                "waiting for {} to stay up for the agent's sentinel.stable_period ({}) after                  a restart, before the next injection",
+                "waiting for {} to stay up for the agent's sentinel.stable_period ({}) after \
+                 a restart, before the next injection",
                 unsettled.join(", "),
                 humantime::format_duration(stable_period)
             );
