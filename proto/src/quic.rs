@@ -16,25 +16,6 @@ use prost::Message;
 
 use crate::inference::{ModelInferRequest, ModelInferResponse};
 
-/// Largest UDP payload either end of the QUIC rung accepts, and the upper
-/// bound of its path-MTU discovery: on loopback (64 KiB MTU) or jumbo
-/// frames packets grow towards it, on a 1,500-byte Ethernet path discovery
-/// stops at quinn's 1,452. Each packet costs quinn a seal or open, a header
-/// protection, frame assembly and acknowledgement work: with quinn's
-/// default (1,472, and the peer's limit caps discovery) a 1 MiB tensor is
-/// ~750 packets each way and each hop; see BENCHMARKS.md (issue 27). Both
-/// ends must raise it: a peer's limit caps what the other sends.
-pub const MAX_UDP_PAYLOAD: u16 = 16 * 1024;
-
-/// The receive and send buffer both ends ask for on their UDP socket. The
-/// kernel's default (`net.core.rmem_default`, 208 KiB on most hosts) holds
-/// about ten 16 KiB datagrams: sixteen 1 MiB answers at once overflowed it
-/// on loopback (0.85% of datagrams dropped, `UdpRcvbufErrors`), and each
-/// drop is a loss to quinn's congestion control. The kernel caps the
-/// request at `net.core.rmem_max` / `wmem_max` (README: raise them for
-/// QUIC); BENCHMARKS.md (issue 27).
-pub const UDP_SOCKET_BUFFER: usize = 4 << 20;
-
 /// ALPN of the QUIC rung.
 pub const ALPN: &[u8] = b"infermesh-oip/1";
 /// Wire version of the request header.

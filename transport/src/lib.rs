@@ -56,6 +56,7 @@
 mod error;
 mod ladder;
 mod path;
+pub mod quic;
 pub mod shm;
 mod staged;
 

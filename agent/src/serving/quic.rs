@@ -30,9 +30,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body_util::BodyExt;
 use infermesh_proto::quic::{
-    Answer, FrameError, MAX_UDP_PAYLOAD, REQUEST_HEADER, UDP_SOCKET_BUFFER, encode_report,
-    encode_response, request_header,
+    Answer, FrameError, REQUEST_HEADER, encode_report, encode_response, request_header,
 };
+use infermesh_transport::quic;
 use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
@@ -43,11 +43,6 @@ use crate::serving::grpc::{FRAME_HEADER, MODEL_INFER_PATH, frame_header};
 use crate::serving::load_report::add_report;
 use crate::serving::server::Shutdown;
 use crate::tls::ServerTls;
-
-/// Flow-control windows: a 16 MiB tensor in one stream's window, several
-/// at once per connection.
-const STREAM_WINDOW: u32 = 16 << 20;
-const CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// Limits of the QUIC endpoint.
 #[derive(Debug, Clone, Copy)]
@@ -73,40 +68,13 @@ pub fn bind(
     let crypto = QuicServerConfig::try_from(Arc::clone(&tls.quic))
         .map_err(|e| std::io::Error::other(format!("QUIC TLS configuration: {e}")))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    let mut transport = quinn::TransportConfig::default();
-    let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    let mut transport = quic::transport_config();
     transport
-        .mtu_discovery_config(Some(mtu))
         .max_concurrent_bidi_streams(limits.max_streams.into())
         .max_concurrent_uni_streams(0u32.into())
-        .stream_receive_window(STREAM_WINDOW.into())
-        .receive_window(CONNECTION_WINDOW.into())
-        .send_window(CONNECTION_WINDOW.into())
         .max_idle_timeout(limits.idle_timeout.try_into().ok());
     server.transport_config(Arc::new(transport));
-    let mut endpoint = quinn::EndpointConfig::default();
-    endpoint
-        .max_udp_payload_size(MAX_UDP_PAYLOAD)
-        .map_err(|e| std::io::Error::other(format!("QUIC endpoint configuration: {e}")))?;
-    let socket = udp_socket(addr)?;
-    quinn::Endpoint::new(
-        endpoint,
-        Some(server),
-        socket,
-        Arc::new(quinn::TokioRuntime),
-    )
-}
-
-/// A UDP socket bound at `addr` with [`UDP_SOCKET_BUFFER`] asked for each
-/// way (the kernel may give less: `net.core.rmem_max`, `wmem_max`).
-fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    socket.set_recv_buffer_size(UDP_SOCKET_BUFFER)?;
-    socket.set_send_buffer_size(UDP_SOCKET_BUFFER)?;
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
+    quic::endpoint(addr, Some(server))
 }
 
 /// Serves `endpoint` until `shutdown.graceful` (no new connections or

@@ -15,11 +15,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use infermesh_proto::inference::{ModelInferRequest, ModelInferResponse};
-use infermesh_proto::quic::{
-    ALPN, Answer, MAX_UDP_PAYLOAD, UDP_SOCKET_BUFFER, decode_response, encode_request_chunks,
-};
+use infermesh_proto::quic::{ALPN, Answer, decode_response, encode_request_chunks};
 use infermesh_tls::ClientTls;
-use infermesh_transport::Path;
+use infermesh_transport::{Path, quic};
 use tonic::metadata::{AsciiMetadataValue, BinaryMetadataValue, MetadataKey, MetadataMap};
 use tonic::{Code, Response, Status};
 
@@ -37,17 +35,6 @@ pub struct QuicRung {
     v4: OnceLock<Result<quinn::Endpoint, String>>,
     v6: OnceLock<Result<quinn::Endpoint, String>>,
     conns: Mutex<HashMap<String, quinn::Connection>>,
-}
-
-/// A UDP socket bound at `addr` with [`UDP_SOCKET_BUFFER`] asked for each
-/// way (the kernel may give less: `net.core.rmem_max`, `wmem_max`).
-fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    socket.set_recv_buffer_size(UDP_SOCKET_BUFFER)?;
-    socket.set_send_buffer_size(UDP_SOCKET_BUFFER)?;
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
 }
 
 impl QuicRung {
@@ -68,13 +55,7 @@ impl QuicRung {
             (&self.v6, SocketAddr::from(([0u16; 8], 0)))
         };
         cell.get_or_init(|| {
-            let mut config = quinn::EndpointConfig::default();
-            config
-                .max_udp_payload_size(MAX_UDP_PAYLOAD)
-                .map_err(|e| format!("QUIC endpoint configuration: {e}"))?;
-            let socket = udp_socket(bind).map_err(|e| format!("cannot open a UDP socket: {e}"))?;
-            quinn::Endpoint::new(config, None, socket, Arc::new(quinn::TokioRuntime))
-                .map_err(|e| format!("cannot open a UDP socket: {e}"))
+            quic::endpoint(bind, None).map_err(|e| format!("cannot open a UDP socket: {e}"))
         })
         .clone()
     }
@@ -95,15 +76,8 @@ impl QuicRung {
         let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
             .map_err(|e| format!("QUIC TLS configuration: {e}"))?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-        let mut transport = quinn::TransportConfig::default();
-        let mut mtu = quinn::MtuDiscoveryConfig::default();
-        mtu.upper_bound(MAX_UDP_PAYLOAD);
-        transport
-            .mtu_discovery_config(Some(mtu))
-            .stream_receive_window((16u32 << 20).into())
-            .receive_window((64u32 << 20).into())
-            .send_window(64 << 20)
-            .keep_alive_interval(Some(Duration::from_secs(10)));
+        let mut transport = quic::transport_config();
+        transport.keep_alive_interval(Some(Duration::from_secs(10)));
         config.transport_config(Arc::new(transport));
         let connecting = endpoint
             .connect_with(config, addr, &addr.ip().to_string())
