@@ -15,6 +15,9 @@
 #   BENCH_DURATION=3s ROUNDS=1 scripts/bench-peers.sh
 #   SIZES=1024 CONCS=1 scripts/bench-peers.sh    # one row
 #
+# BIN=DIR takes infermesh and infermesh-testworker from DIR instead of
+# building them (a host without Rust).
+#
 # PROBE_TIMEOUT=5s gives the agent's liveness probe of the worker that long
 # (default 1s): before probes ran on a thread of their own, a late probe at
 # 16 MiB × 16 made the agent restart the busy worker as hung (BENCHMARKS.md,
@@ -32,8 +35,12 @@ peer_threads=${PEER_THREADS:-1}
 . scripts/lib.sh
 need haproxy haproxy
 need nginx nginx
-cargo build --release --locked -q -p infermesh -p infermesh-testworker
-bin=target/release
+if [ -z "${BIN:-}" ]; then
+  cargo build --release --locked -q -p infermesh -p infermesh-testworker
+  bin=target/release
+else
+  bin=$BIN
+fi
 scratch
 
 wport=$(port); oport=$(port); aport=$(port); hport=$(port); nport=$(port)
