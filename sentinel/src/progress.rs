@@ -100,6 +100,19 @@ impl ProgressMeter {
         }
     }
 
+    /// A request was taken back before the worker had all of it (the agent
+    /// forwards a large request as it arrives, and takes back one whose
+    /// body is late: a slow or hostile client, not a slow worker). Unlike
+    /// [`ProgressMeter::abandoned`], a stretch it ends is not carried: the
+    /// worker could not have answered. A stretch other requests keep open
+    /// goes on from its start.
+    pub fn withdrawn(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if self.in_flight == 0 {
+            self.busy_since = None;
+        }
+    }
+
     /// A request ended without an answer from the worker.
     pub fn abandoned(&mut self, now: Instant) {
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -165,6 +178,25 @@ mod tests {
         m.answered(t0 + ms(200), ms(190));
         // Idle: nothing outstanding, nothing waits.
         assert_eq!(m.observe(t0 + ms(10_000)).waiting, Duration::ZERO);
+    }
+
+    #[test]
+    fn withdrawn_requests_are_not_waiting_but_abandoned_ones_are() {
+        // A client trickling upload after upload to a worker with nothing
+        // else to do: each is taken back after 1 s.
+        let t0 = Instant::now();
+        let mut m = ProgressMeter::new();
+        for i in 0..10 {
+            m.dispatched(t0 + ms(1000 * i));
+            m.withdrawn();
+        }
+        assert_eq!(m.observe(t0 + ms(10_000)).waiting, Duration::ZERO);
+        // Beside a request the worker holds, the stretch goes on.
+        m.dispatched(t0 + ms(10_000));
+        m.dispatched(t0 + ms(10_100));
+        m.withdrawn();
+        let p = m.observe(t0 + ms(10_500));
+        assert_eq!((p.in_flight, p.waiting), (1, ms(500)));
     }
 
     #[test]

@@ -362,7 +362,7 @@ impl Pool {
         tenant: usize,
         dispatch: Dispatch,
         served: bool,
-        answered: Option<Instant>,
+        answered: Answer,
     ) {
         let mut s = lock(&self.sched);
         s.book.released(tenant);
@@ -386,10 +386,11 @@ impl Pool {
             );
         }
         match answered {
-            Some(started) => slot
+            Answer::Answered(started) => slot
                 .progress
                 .answered(at, at.saturating_duration_since(started)),
-            None => slot.progress.abandoned(at),
+            Answer::Withdrawn => slot.progress.withdrawn(),
+            Answer::Abandoned => slot.progress.abandoned(at),
         }
         let routable = slot.routable;
         if s.book.tenants().trivial() {
@@ -733,6 +734,17 @@ impl Drop for QueueSpot<'_> {
     }
 }
 
+/// How a permit's request ended, for the stall watchdog.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// The worker answered a request dispatched at this instant.
+    Answered(Instant),
+    /// Taken back before the worker had the whole request.
+    Withdrawn,
+    /// Left without an answer (the caller went, the connection broke).
+    Abandoned,
+}
+
 /// A permit on one worker, handed to the next waiter (or freed) on drop.
 #[derive(Debug)]
 pub struct Lease {
@@ -748,6 +760,9 @@ pub struct Lease {
     served: bool,
     /// The worker answered, with any status (see [`Lease::answered`]).
     answered: bool,
+    /// Taken back before the worker had the whole request (see
+    /// [`Lease::withdrawn`]).
+    withdrawn: bool,
     /// When the permit was taken, on the watchdog's clock.
     started: Instant,
     /// Its place in the worker's limiter.
@@ -783,12 +798,23 @@ impl Lease {
     pub fn answered(&mut self) {
         self.answered = true;
     }
+
+    /// The request is taken back before the worker had all of it (a
+    /// cut-through upload whose body was late, [`crate::serving::forward`]):
+    /// the stall watchdog does not count its time as the worker's.
+    pub fn withdrawn(&mut self) {
+        self.withdrawn = true;
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            let answered = self.answered.then_some(self.started);
+            let answered = match (self.answered, self.withdrawn) {
+                (true, _) => Answer::Answered(self.started),
+                (false, true) => Answer::Withdrawn,
+                (false, false) => Answer::Abandoned,
+            };
             self.pool.release(
                 self.worker,
                 self.tenant,

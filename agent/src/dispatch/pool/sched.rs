@@ -270,6 +270,7 @@ impl Sched {
             armed: true,
             served: false,
             answered: false,
+            withdrawn: false,
             started,
             dispatch,
         }
