@@ -127,6 +127,7 @@ pub struct Metrics {
     health_pass: Family<Labels, Gauge>,
     health_latency: Family<Labels, Histogram>,
     transport: [Counter; TransportPath::ALL.len()],
+    cut_through_demotions: Counter,
     node_state: Family<Labels, Gauge>,
     /// Set once every worker's zero-valued series exist.
     workers_primed: OnceLock<()>,
@@ -181,6 +182,12 @@ impl Metrics {
                 .get_or_create(&vec![("path", p.as_str().to_string())])
                 .clone()
         });
+        let cut_through_demotions = Counter::default();
+        registry.register(
+            "cut_through_demotions",
+            "Requests forwarded to a worker as they arrived whose body had not all come within limits.cut_through_grace: the worker's stream was reset, its slot given back, and the rest read before queueing again",
+            cut_through_demotions.clone(),
+        );
         let health_checks = Family::<Labels, Counter>::default();
         let health_pass = Family::<Labels, Gauge>::default();
         let health_latency = Family::<Labels, Histogram>::new_with_constructor(|| {
@@ -310,12 +317,19 @@ impl Metrics {
             health_pass,
             health_latency,
             transport,
+            cut_through_demotions,
         }
     }
 
     /// Counts a request by the path its tensors took.
     pub fn transport(&self, path: TransportPath) {
         self.transport[path as usize].inc();
+    }
+
+    /// Counts a request demoted from cut-through forwarding
+    /// ([`crate::serving::forward`]).
+    pub fn cut_through_demoted(&self) {
+        self.cut_through_demotions.inc();
     }
 
     /// The request metrics of `model` (a served model), or of

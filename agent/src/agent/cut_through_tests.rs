@@ -3,7 +3,10 @@
 //! test can hold a request body half-sent, send one shorter or longer than
 //! its gRPC header says, or reset it midway; the worker is the real test
 //! worker, whose connections count the bytes they read
-//! ([`crate::testing::FakeHandle::received`]).
+//! ([`crate::testing::FakeHandle::received`]). An upload whose body has not
+//! all come within `limits.cut_through_grace` is demoted (its worker slot
+//! given back, the rest read, then queued again): the last two tests; the
+//! others set the grace out of their way.
 //!
 //! On the real clock, unlike the rest of the agent's in-process tests:
 //! under the paused clock `h2`'s client left buffered DATA (and a reset)
@@ -57,7 +60,8 @@ async fn setup() -> (
 }
 
 /// [`setup`] with a worker of `slots` and the `h2` connection made by
-/// `builder`.
+/// `builder`. The cut-through grace is an hour: these tests hold bodies
+/// half-sent on purpose, and a demoted upload gives its slot back.
 async fn setup_with(
     slots: usize,
     builder: h2::client::Builder,
@@ -66,10 +70,22 @@ async fn setup_with(
     crate::testing::FakeHandle,
     h2::client::SendRequest<Bytes>,
 ) {
+    let mut cfg = config(slots, 8);
+    cfg.limits.cut_through_grace = Duration::from_secs(3600);
+    setup_config(cfg, builder).await
+}
+
+/// [`setup_with`] for the agent configured by `cfg`.
+async fn setup_config(
+    cfg: AgentConfig,
+    builder: h2::client::Builder,
+) -> (
+    Agent,
+    crate::testing::FakeHandle,
+    h2::client::SendRequest<Bytes>,
+) {
     let launcher = FakeLauncher::new(WorkerOptions::default());
-    let agent = Agent::start(config(slots, 8), launcher.clone())
-        .await
-        .unwrap();
+    let agent = Agent::start(cfg, launcher.clone()).await.unwrap();
     // Ready: the worker answers through the agent.
     let mut c = client(&agent).await;
     c.model_infer(request("dense", &[0.5; 16])).await.unwrap();
@@ -278,5 +294,132 @@ async fn queued_requests_go_on_reading_so_the_one_with_a_worker_is_not_starved()
     for (status, _) in futures_util::future::join_all(answers.into_iter().map(answer)).await {
         assert_eq!(status, "0");
     }
+    agent.stop().await;
+}
+
+/// Time between the bytes of a trickling client.
+const TRICKLE_EVERY: Duration = Duration::from_millis(20);
+
+/// An agent with a worker of `slots` and the default cut-through grace
+/// (1 s), whose read timeout lies far beyond any test's length: only the
+/// grace can take a trickling upload's worker slot back.
+fn patient(slots: usize) -> AgentConfig {
+    let mut cfg = config(slots, 8);
+    cfg.limits.read_timeout = Duration::from_secs(3600);
+    cfg
+}
+
+/// A client sending `rest` on `body` a byte at a time, never its last
+/// byte, until stopped: what a hostile client does to hold an upload open.
+struct Trickle {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(h2::SendStream<Bytes>, usize)>,
+}
+
+impl Trickle {
+    fn start(mut body: h2::SendStream<Bytes>, rest: Vec<u8>) -> Self {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut sent = 0;
+            while sent + 1 < rest.len() {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = tokio::time::sleep(TRICKLE_EVERY) => {}
+                }
+                send(&mut body, &rest[sent..=sent], false).await;
+                sent += 1;
+            }
+            (body, sent)
+        });
+        Self { stop, task }
+    }
+
+    /// Stops trickling: the body and the bytes of `rest` it carried.
+    async fn stop(self) -> (h2::SendStream<Bytes>, usize) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap()
+    }
+}
+
+/// A client that sends a large request's head and then trickles its body
+/// does not keep the worker's only slot from other requests: the upload
+/// is demoted when it has not ended within the cut-through grace, and a
+/// second request is served while the trickler's request is still open —
+/// long before its read timeout (an hour here). Before: the second
+/// request waited for the trickler's whole-body read timeout (30 s by
+/// default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_upload_does_not_keep_other_requests_from_the_worker() {
+    let (agent, worker, mut h2) = setup_config(patient(1), h2::client::Builder::new()).await;
+    let whole = framed(&request("dense", &input()));
+    let before = worker.received();
+    let (mut resp, body) = start(&mut h2, &whole[..FIRST]).await;
+    worker_reads(&worker, before, FIRST, "the trickler's head").await;
+    let trickle = Trickle::start(body, whole[FIRST..].to_vec());
+    let mut c = client(&agent).await;
+    let small = [0.5; 16];
+    let out = tokio::time::timeout(PATIENCE, c.model_infer(request("dense", &small)))
+        .await
+        .expect("the second request is served while the trickler holds its upload open")
+        .expect("the second request is answered")
+        .into_inner();
+    assert_eq!(
+        raw_to_f32(&out.raw_output_contents[0]).unwrap(),
+        dense::forward(&small)
+    );
+    assert!(
+        futures_util::FutureExt::now_or_never(&mut resp).is_none(),
+        "the trickler's request is still open"
+    );
+    let (body, _) = trickle.stop().await;
+    drop((body, resp));
+    agent.stop().await;
+}
+
+/// A demoted upload is read to its end and then served from the frames
+/// kept: a client on a slow link gets its exact answer, and the demotion
+/// is counted once. The time the worker held the withdrawn upload is not
+/// charged to it as waiting (the stall watchdog would otherwise take a
+/// worker whose uploads trickle for a stuck one): the worker never had the
+/// whole request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_upload_is_answered_exactly_once_its_body_has_come() {
+    let (agent, worker, mut h2) = setup_config(patient(1), h2::client::Builder::new()).await;
+    let input = input();
+    let whole = framed(&request("dense", &input));
+    let before = worker.received();
+    let (mut resp, body) = start(&mut h2, &whole[..FIRST]).await;
+    worker_reads(&worker, before, FIRST, "the head").await;
+    let trickle = Trickle::start(body, whole[FIRST..].to_vec());
+    // The demotion: the slot comes back while the body is still arriving.
+    slots_free(&agent).await;
+    assert!(
+        futures_util::FutureExt::now_or_never(&mut resp).is_none(),
+        "the demoted request is still open"
+    );
+    assert_eq!(
+        agent.pool().progress(0).waiting,
+        Duration::ZERO,
+        "a withdrawn upload is not waiting charged to the worker"
+    );
+    let (mut body, sent) = trickle.stop().await;
+    send(&mut body, &whole[FIRST + sent..], true).await;
+    let (status, message) = answer(resp).await;
+    assert_eq!(status, "0");
+    let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
+    assert_eq!(
+        raw_to_f32(&resp.raw_output_contents[0]).unwrap(),
+        dense::forward(&input)
+    );
+    slots_free(&agent).await;
+    let text = agent.metrics().render(agent.pool());
+    assert!(
+        text.contains("infermesh_cut_through_demotions_total 1\n"),
+        "one demotion counted: {}",
+        text.lines()
+            .filter(|l| l.contains("demotion"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     agent.stop().await;
 }

@@ -152,6 +152,7 @@ fn oip(cfg: &AgentConfig, node: &Node, front: &Front) -> Oip {
                 max_message_bytes: cfg.max_message_bytes,
                 receive_budget_bytes: l.receive_budget_bytes,
                 read_timeout: l.read_timeout,
+                cut_through_grace: l.cut_through_grace,
             },
         ),
         streams: Routes::new(service(cfg.max_message_bytes)).prepare(),

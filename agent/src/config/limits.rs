@@ -21,6 +21,12 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest time to receive one request body.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A large request forwarded as it arrives (cut-through) whose body has
+/// not all come within this of its taking a worker slot gives the slot
+/// back and is read whole before it queues again (docs/DECISIONS.md,
+/// "Trickling uploads"): a client that sends a head and then trickles holds
+/// receive budget, not a worker.
+pub const DEFAULT_CUT_THROUGH_GRACE: Duration = Duration::from_secs(1);
 /// Longest unary call other than `ModelInfer`.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of request bodies being received at once, node-wide.
@@ -49,6 +55,10 @@ pub struct RawLimits {
     /// Longest time to receive one request body.
     #[serde(default, with = "humantime_serde")]
     pub read_timeout: Option<Duration>,
+    /// Time a request forwarded as it arrives may hold its worker slot
+    /// before its body has all come.
+    #[serde(default, with = "humantime_serde")]
+    pub cut_through_grace: Option<Duration>,
     /// Longest unary call other than inference.
     #[serde(default, with = "humantime_serde")]
     pub call_timeout: Option<Duration>,
@@ -75,6 +85,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Request body read timeout.
     pub read_timeout: Duration,
+    /// Time a cut-through upload may hold its worker slot before its body
+    /// has all come.
+    pub cut_through_grace: Duration,
     /// Timeout of other unary calls.
     pub call_timeout: Duration,
     /// Node-wide bytes of request bodies in reception.
@@ -93,6 +106,7 @@ impl Default for Limits {
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
+            cut_through_grace: DEFAULT_CUT_THROUGH_GRACE,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             receive_budget_bytes: DEFAULT_RECEIVE_BUDGET_BYTES,
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
@@ -113,6 +127,7 @@ impl Limits {
             handshake_timeout: raw.handshake_timeout.unwrap_or(d.handshake_timeout),
             idle_timeout: raw.idle_timeout.unwrap_or(d.idle_timeout),
             read_timeout: raw.read_timeout.unwrap_or(d.read_timeout),
+            cut_through_grace: raw.cut_through_grace.unwrap_or(d.cut_through_grace),
             call_timeout: raw.call_timeout.unwrap_or(d.call_timeout),
             receive_budget_bytes: raw.receive_budget_bytes.unwrap_or(d.receive_budget_bytes),
             keepalive_interval: raw.keepalive_interval.unwrap_or(d.keepalive_interval),
@@ -127,6 +142,7 @@ impl Limits {
             ("handshake_timeout", limits.handshake_timeout),
             ("idle_timeout", limits.idle_timeout),
             ("read_timeout", limits.read_timeout),
+            ("cut_through_grace", limits.cut_through_grace),
             ("call_timeout", limits.call_timeout),
             ("keepalive_interval", limits.keepalive_interval),
             ("keepalive_timeout", limits.keepalive_timeout),

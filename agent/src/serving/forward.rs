@@ -13,7 +13,10 @@
 //! left of its deadline. A large request is *cut through*: once its head
 //! is here and the rest of the message is its last tensor's bytes, it is
 //! validated and sent with what has arrived, and each later frame follows
-//! as it comes (docs/DECISIONS.md). The worker's response headers and body
+//! as it comes (docs/DECISIONS.md); one whose body has not all come within
+//! `limits.cut_through_grace` of taking its worker is demoted — the slot
+//! given back, the rest read whole, then queued again
+//! (`forward/cut_through.rs`). The worker's response headers and body
 //! go back unchanged; only the trailers are touched: the load report is
 //! added, and an internal error that names a GPU fault is turned into
 //! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
@@ -53,10 +56,12 @@ use crate::transports::conn::ConnInfo;
 use crate::worker::upstream::Metadata;
 
 pub(crate) mod body;
+mod cut_through;
 mod incoming;
 
 pub use body::ForwardBody;
 use body::{Done, grpc_code};
+use cut_through::Sent;
 use incoming::Incoming;
 
 /// Limits on what a caller may send.
@@ -68,6 +73,10 @@ pub struct BodyLimits {
     pub receive_budget_bytes: usize,
     /// Longest time to receive one request body.
     pub read_timeout: Duration,
+    /// Longest time a request forwarded as it arrives holds a worker slot
+    /// before its body has all come; then it is demoted
+    /// (`forward/cut_through.rs`).
+    pub cut_through_grace: Duration,
 }
 
 /// Serves `ModelInfer` by pass-through.
@@ -273,88 +282,69 @@ impl InferPath {
         let priority = crate::dispatch::tenant::request_priority(&req.parameters)?;
         drop(req);
         refuse_backlogged(conn)?;
-        // The body goes on being read while the request waits for a
-        // worker: the connection's window is given back as bodies are read,
-        // so queued requests holding their unread frames would starve the
-        // one that has a worker (16 × 16 MiB stalled until the deadline).
-        let acquire = self.pool.acquire_prioritized(id, None, deadline, priority);
-        tokio::pin!(acquire);
-        let lease = loop {
-            if incoming.ended {
-                break acquire.await?;
-            }
-            tokio::select! {
-                biased;
-                lease = &mut acquire => break lease?,
-                more = self.read_frame(&mut body, &mut incoming) => {
-                    more?;
-                }
-            }
-        };
-        // Checked again: the client may have stopped reading while this
-        // request queued.
-        refuse_backlogged(conn)?;
-        crate::trace::record("worker", &lease.worker().id());
-        self.metrics.transport(via);
-        let process = Arc::clone(lease.process());
-        let timeout = time_left(deadline)?;
         // The worker's spans are children of this request's (when tracing).
         let trace = crate::trace::enabled().then(|| {
             let mut map = HeaderMap::new();
             crate::trace::inject(&mut map);
             map
         });
-        let meta = Metadata {
-            caller: &parts.headers,
-            timeout,
-            extra: trace.as_ref(),
+        let mut demoted = false;
+        let (lease, exchange, head) = loop {
+            let mut lease = self
+                .take_worker(id, deadline, priority, &mut body, &mut incoming)
+                .await?;
+            // Checked again: the client may have stopped reading while this
+            // request queued.
+            refuse_backlogged(conn)?;
+            crate::trace::record("worker", &lease.worker().id());
+            if !demoted {
+                self.metrics.transport(via);
+            }
+            let meta = Metadata {
+                caller: &parts.headers,
+                timeout: time_left(deadline)?,
+                extra: trace.as_ref(),
+            };
+            let sent = self.send(&lease, meta, &mut body, &mut incoming);
+            // A stalled or hung worker's calls fail when the sentinel gives
+            // up on it (`Upstream::abort`), not when (if ever) the worker
+            // answers.
+            let sent = match deadline {
+                Some(d) => tokio::time::timeout_at(d.into(), sent)
+                    .await
+                    .map_err(|_| {
+                        Status::deadline_exceeded("deadline exceeded waiting for the worker")
+                    })??,
+                None => sent.await?,
+            };
+            match sent {
+                Sent::Answered(exchange, head) => break (lease, exchange, head),
+                Sent::Demoted => {
+                    // The body is late: its slot goes to other requests
+                    // while the rest is read (within the read timeout),
+                    // then it queues again with every frame kept.
+                    lease.withdrawn();
+                    tracing::debug!(
+                        worker = %lease.worker().id(),
+                        received = incoming.received(),
+                        grace = ?self.limits.cut_through_grace,
+                        "request body not all here within the cut-through grace: \
+                         worker slot given back, the rest read before queueing again"
+                    );
+                    drop(lease);
+                    demoted = true;
+                    self.metrics.cut_through_demoted();
+                    while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
+                }
+            }
         };
+        let process = Arc::clone(lease.process());
         let unreachable = |e: &dyn std::fmt::Display| -> Status {
             AgentError::WorkerUnreachable {
                 worker: lease.worker().id().to_string(),
                 reason: e.to_string(),
             }
             .into()
-        };
-        let exchange = async {
-            if incoming.ended {
-                return process
-                    .upstream
-                    .call_chunks(meta, &incoming.chunks)
-                    .await
-                    .map_err(|e| unreachable(&e));
-            }
-            // Cut-through: the worker gets what has arrived now and the
-            // rest as it comes.
-            let mut upload = process
-                .upstream
-                .upload(meta, &incoming.chunks)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            while self.read_frame(&mut body, &mut incoming).await?.is_some() {
-                upload
-                    .push(&incoming.chunks, false)
-                    .await
-                    .map_err(|e| unreachable(&e))?;
-            }
-            upload
-                .end(&incoming.chunks)
-                .await
-                .map_err(|e| unreachable(&e))?;
-            upload
-                .answer(&incoming.chunks)
-                .await
-                .map_err(|e| unreachable(&e))
-        };
-        // A stalled or hung worker's calls fail when the sentinel gives up on
-        // it (`Upstream::abort`), not when (if ever) the worker answers.
-        let (exchange, head) = match deadline {
-            Some(d) => tokio::time::timeout_at(d.into(), exchange)
-                .await
-                .map_err(|_| {
-                    Status::deadline_exceeded("deadline exceeded waiting for the worker")
-                })??,
-            None => exchange.await?,
         };
         drop(trace);
         drop(permit);

@@ -51,6 +51,11 @@ impl Incoming {
         }
     }
 
+    /// Bytes of the body received so far.
+    pub(super) fn received(&self) -> usize {
+        self.received
+    }
+
     /// The receive budget held for the message (taken once its header
     /// was here).
     pub(super) fn permit(&mut self) -> Result<OwnedSemaphorePermit, Status> {
