@@ -13,7 +13,8 @@
 //! in the agent), and measured by the script.
 //!
 //! Every one failed against the server of the day the tests were written
-//! (they were marked ignored until the fixes landed).
+//! (they were marked ignored until the fixes landed); the trickling
+//! uploads' test (issue 27) failed before cut-through uploads were demoted.
 
 use infermesh_client::Client;
 use infermesh_tests::h2attack::{self, Attack, Budget, Report, Server, Wire};
@@ -41,9 +42,14 @@ fn budget() -> Budget {
 /// An agent with one test worker serving `dense` and `identity` in
 /// [`SLOTS`] slots, no drain delay and a 10 s shutdown grace.
 async fn agent() -> Agent {
+    agent_with("").await
+}
+
+/// [`agent`] with `extra` TOML at the top level (before the worker).
+async fn agent_with(extra: &str) -> Agent {
     Agent::builder()
         .config(format!(
-            "node_id = \"attacked\"\ndrain_delay = \"0s\"\nshutdown_grace = \"10s\"\n\
+            "node_id = \"attacked\"\ndrain_delay = \"0s\"\nshutdown_grace = \"10s\"\n{extra}\
              [[workers]]\ncommand = \"{}\"\nmax_inflight = {SLOTS}\n",
             testworker("--model dense --model identity")
         ))
@@ -254,5 +260,74 @@ async fn empty_data_floods_are_cut_off() {
     let load = good_client(&agent).await;
     let report = attack(&agent, Attack::EmptyDataFlood).await;
     cut_off(&report);
+    no_errors(load).await;
+}
+
+/// A flag set when dropped: a blocking attacker thread stops on it even
+/// when the test panics (the runtime waits for its blocking threads).
+#[derive(Default)]
+struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Large requests whose bodies trickle once forwarded (issue 27's
+/// cut-through): twice as many as the worker has slots, a byte per stream
+/// every 100 ms, with `read_timeout` an hour. Each upload is demoted when
+/// its body has not come within the cut-through grace: the worker's slots
+/// come back while the trickler still holds every stream, and the good
+/// client is served meanwhile without an error. Before, the tricklers held
+/// every slot until `read_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickling_uploads_give_their_worker_slots_back() {
+    let agent = agent_with("[limits]\nread_timeout = \"1h\"\n").await;
+    let load = good_client(&agent).await;
+    let addr = agent.oip;
+    let stop = StopOnDrop::default();
+    let stopped = std::sync::Arc::clone(&stop.0);
+    let n = 2 * SLOTS;
+    let trickler = tokio::task::spawn_blocking(move || {
+        let mut wire = Wire::connect(addr, &Attack::TrickleUpload.options()).unwrap();
+        let mut trickle = h2attack::Trickle::open(&mut wire, Server::Agent, n);
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(h2attack::TRICKLE_EVERY);
+            trickle.step(&mut wire);
+        }
+        wire
+    });
+    let demoted = format!("infermesh_cut_through_demotions_total {n}\n");
+    eventually("every trickling upload demoted", || async {
+        agent.metrics().await.contains(&demoted).then_some(())
+    })
+    .await;
+    eventually(
+        "the worker's slots free while the trickler holds",
+        || async {
+            let status = agent.status().await;
+            (status.workers[0].in_flight == 0).then_some(())
+        },
+    )
+    .await;
+    let before = load.sent();
+    eventually("the good client keeps being served", || async {
+        (load.sent() >= before + 50).then_some(())
+    })
+    .await;
+    drop(stop);
+    let wire = trickler.await.unwrap();
+    assert!(
+        !wire.seen(|s| s.over()),
+        "the trickler's connection was closed (the test needs it held)"
+    );
+    let status = agent.status().await;
+    assert!(
+        status.in_flight >= n as u64,
+        "the trickler's requests are still open: {} in flight",
+        status.in_flight
+    );
+    drop(wire);
     no_errors(load).await;
 }

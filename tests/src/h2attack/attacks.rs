@@ -17,6 +17,15 @@ const UNREAD_ANSWER: usize = 8 << 20;
 const RESET_PAIRS: u64 = 300;
 /// PINGs of the burst before the silence.
 const PING_BURST: u64 = 100_000;
+/// Streams of the trickling client: twice the script's agent's 64 worker
+/// slots.
+const TRICKLE_STREAMS: u64 = 128;
+/// Bytes of body each trickling request declares.
+const TRICKLE_BYTES: usize = 1 << 20;
+/// What a trickling request sends at once: its head and the first bytes.
+const TRICKLE_FIRST: usize = 64 << 10;
+/// Time between a trickling client's rounds of one byte per stream.
+pub const TRICKLE_EVERY: Duration = Duration::from_millis(100);
 
 /// One attack of issue 24.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,11 +66,15 @@ pub enum Attack {
     EmptyDataFlood,
     /// An 8 MiB answer the client never reads.
     UnreadAnswer,
+    /// 128 large requests (1 MiB declared), each its head and 64 KiB, then
+    /// one byte per stream every 100 ms, never the last (issue 27's
+    /// cut-through: a body that trickles once its request has a worker).
+    TrickleUpload,
 }
 
 impl Attack {
     /// Every attack, in the issue's order.
-    pub const ALL: [Attack; 14] = [
+    pub const ALL: [Attack; 15] = [
         Attack::ResetBeforeHandler,
         Attack::ZeroWindow,
         Attack::RapidReset,
@@ -76,6 +89,7 @@ impl Attack {
         Attack::PingBurst,
         Attack::EmptyDataFlood,
         Attack::UnreadAnswer,
+        Attack::TrickleUpload,
     ];
 
     /// Its name on the command line and in reports.
@@ -95,6 +109,7 @@ impl Attack {
             Attack::PingBurst => "ping-burst",
             Attack::EmptyDataFlood => "empty-data-flood",
             Attack::UnreadAnswer => "unread-answer",
+            Attack::TrickleUpload => "trickle-upload",
         }
     }
 
@@ -235,7 +250,60 @@ impl Attack {
                 wire.pause_reading(true);
                 format!("request sent ({flow:?}); not reading the answer")
             }
+            Attack::TrickleUpload => {
+                let n = budget.max_streams.min(TRICKLE_STREAMS) as usize;
+                let mut trickle = Trickle::open(wire, server, n);
+                while wire.elapsed() < budget.duration && !wire.seen(|s| s.over()) {
+                    std::thread::sleep(TRICKLE_EVERY);
+                    trickle.step(wire);
+                }
+                format!("{n} streams, {} bytes each trickled", trickle.sent)
+            }
         }
+    }
+}
+
+/// Large requests whose bodies trickle: each stream got its request's
+/// head and first bytes, then gets a byte per [`Trickle::step`].
+pub struct Trickle {
+    streams: Vec<u32>,
+    body: Vec<u8>,
+    /// Bytes of each body sent so far.
+    pub sent: usize,
+}
+
+impl Trickle {
+    /// Opens `n` streams of large requests on `wire`, each with its head
+    /// and first bytes.
+    pub fn open(wire: &mut Wire, server: Server, n: usize) -> Trickle {
+        let call = server.large_request(&wire.authority.clone(), TRICKLE_BYTES);
+        let first = TRICKLE_FIRST.min(call.body.len() - 1);
+        let streams = (0..n)
+            .map(|_| {
+                let s = wire.open(&call.fields, false);
+                wire.send_body(s, &call.body[..first], false);
+                s
+            })
+            .collect();
+        let _ = wire.flush();
+        Trickle {
+            streams,
+            body: call.body,
+            sent: first,
+        }
+    }
+
+    /// Sends one more byte of each body (never the last).
+    pub fn step(&mut self, wire: &mut Wire) {
+        if self.sent + 1 >= self.body.len() {
+            return;
+        }
+        let byte = [self.body[self.sent]];
+        for &s in &self.streams {
+            wire.send_body(s, &byte, false);
+        }
+        self.sent += 1;
+        let _ = wire.flush();
     }
 }
 

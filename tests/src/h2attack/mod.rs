@@ -5,7 +5,8 @@
 //! answers itself), MadeYouReset (CVE-2025-8671: frames that make the
 //! *server* reset streams), CONTINUATION floods (CVE-2024-27316, empty
 //! frames included), SETTINGS/PING/empty-DATA floods from a client that
-//! does not read, and a client that does not read its answer.
+//! does not read, a client that does not read its answer, and (issue 27)
+//! large requests whose bodies trickle once forwarded.
 //!
 //! Each attack runs against an agent (gRPC requests) or a web server such
 //! as nghttpd (GETs), within a [`Budget`], and returns a [`Report`] of what
@@ -23,7 +24,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub use attacks::{Attack, describe, exchange};
+pub use attacks::{Attack, TRICKLE_EVERY, Trickle, describe, exchange};
 pub use server::{Call, Server};
 pub use wire::{Answer, Flow, GoAway, Options, Seen, Wire};
 

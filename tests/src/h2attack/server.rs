@@ -73,6 +73,20 @@ impl Server {
             Server::Web => get(authority, "/big.bin", Vec::new()),
         }
     }
+
+    /// A request with a body of about `bytes`: a `dense` inference of
+    /// that size, or a POST of `/`.
+    pub fn large_request(self, authority: &str, bytes: usize) -> Call {
+        match self {
+            Server::Agent => infer(authority, "dense", bytes.div_ceil(64), Vec::new()),
+            Server::Web => {
+                let mut call = get(authority, "/", Vec::new());
+                call.fields[0] = field(":method", "POST");
+                call.body = vec![0; bytes];
+                call
+            }
+        }
+    }
 }
 
 fn get(authority: &str, path: &str, extra: Vec<Field>) -> Call {
