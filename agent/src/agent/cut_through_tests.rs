@@ -423,3 +423,67 @@ async fn a_demoted_upload_is_answered_exactly_once_its_body_has_come() {
     );
     agent.stop().await;
 }
+
+/// Waits until `n` demotions are counted, or fails.
+async fn demotions(agent: &Agent, n: usize) {
+    let line = format!("infermesh_cut_through_demotions_total {n}\n");
+    tokio::time::timeout(PATIENCE, async {
+        while !agent.metrics().render(agent.pool()).contains(&line) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} demotions counted"));
+}
+
+/// A request whose window closes while it waits for a worker, its body
+/// still arriving, leaves the queue and reads on: when the slot comes back
+/// it goes to a request that is all here, and the trickler never reaches
+/// the worker. The window runs from the head, not from the slot, so a
+/// burst of tricklers larger than the worker's slots costs one grace, not
+/// one per wave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickler_still_queued_when_its_window_closes_never_takes_the_worker() {
+    let (agent, worker, mut h2) = setup_config(patient(1), h2::client::Builder::new()).await;
+    let (model, _) = agent.pool().models().lookup("dense").unwrap();
+    // The worker's only slot, held by the test.
+    let held = agent.pool().acquire(model, None, None).await.unwrap();
+    let input = input();
+    let whole = framed(&request("dense", &input));
+    let before = worker.received();
+    let (mut resp, body) = start(&mut h2, &whole[..FIRST]).await;
+    let trickle = Trickle::start(body, whole[FIRST..].to_vec());
+    demotions(&agent, 1).await;
+    drop(held);
+    let mut c = client(&agent).await;
+    let small = [0.5; 16];
+    let out = tokio::time::timeout(PATIENCE, c.model_infer(request("dense", &small)))
+        .await
+        .expect("the freed slot serves a request that is all here")
+        .expect("answered")
+        .into_inner();
+    assert_eq!(
+        raw_to_f32(&out.raw_output_contents[0]).unwrap(),
+        dense::forward(&small)
+    );
+    assert!(
+        worker.received() - before < FIRST as u64,
+        "the trickler's request never reached the worker ({} bytes read)",
+        worker.received() - before
+    );
+    assert!(
+        futures_util::FutureExt::now_or_never(&mut resp).is_none(),
+        "the trickler's request is still open"
+    );
+    let (mut body, sent) = trickle.stop().await;
+    send(&mut body, &whole[FIRST + sent..], true).await;
+    let (status, message) = answer(resp).await;
+    assert_eq!(status, "0");
+    let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
+    assert_eq!(
+        raw_to_f32(&resp.raw_output_contents[0]).unwrap(),
+        dense::forward(&input)
+    );
+    demotions(&agent, 1).await;
+    agent.stop().await;
+}

@@ -22,10 +22,10 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest time to receive one request body.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A large request forwarded as it arrives (cut-through) whose body has
-/// not all come within this of its taking a worker slot gives the slot
-/// back and is read whole before it queues again (docs/DECISIONS.md,
-/// "Trickling uploads"): a client that sends a head and then trickles holds
-/// receive budget, not a worker.
+/// not all come within this of its head gives its worker slot (or its
+/// place in the queue) back and is read whole before it queues again
+/// (docs/DECISIONS.md, "Trickling uploads"): a client that sends a head and
+/// then trickles holds receive budget, not a worker.
 pub const DEFAULT_CUT_THROUGH_GRACE: Duration = Duration::from_secs(1);
 /// Longest unary call other than `ModelInfer`.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,8 +55,8 @@ pub struct RawLimits {
     /// Longest time to receive one request body.
     #[serde(default, with = "humantime_serde")]
     pub read_timeout: Option<Duration>,
-    /// Time a request forwarded as it arrives may hold its worker slot
-    /// before its body has all come.
+    /// Time from a request's head to its body's end within which it may be
+    /// forwarded as it arrives.
     #[serde(default, with = "humantime_serde")]
     pub cut_through_grace: Option<Duration>,
     /// Longest unary call other than inference.
@@ -85,8 +85,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Request body read timeout.
     pub read_timeout: Duration,
-    /// Time a cut-through upload may hold its worker slot before its body
-    /// has all come.
+    /// Time from a request's head to its body's end within which it may be
+    /// forwarded as it arrives.
     pub cut_through_grace: Duration,
     /// Timeout of other unary calls.
     pub call_timeout: Duration,

@@ -14,9 +14,9 @@
 //! is here and the rest of the message is its last tensor's bytes, it is
 //! validated and sent with what has arrived, and each later frame follows
 //! as it comes (docs/DECISIONS.md); one whose body has not all come within
-//! `limits.cut_through_grace` of taking its worker is demoted — the slot
-//! given back, the rest read whole, then queued again
-//! (`forward/cut_through.rs`). The worker's response headers and body
+//! `limits.cut_through_grace` of its head is demoted — its worker slot
+//! given back (or its place in the queue), the rest read whole, then
+//! queued again (`forward/cut_through.rs`). The worker's response headers and body
 //! go back unchanged; only the trailers are touched: the load report is
 //! added, and an internal error that names a GPU fault is turned into
 //! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
@@ -61,7 +61,7 @@ mod incoming;
 
 pub use body::ForwardBody;
 use body::{Done, grpc_code};
-use cut_through::Sent;
+use cut_through::{Queued, Sent, Window};
 use incoming::Incoming;
 
 /// Limits on what a caller may send.
@@ -73,8 +73,8 @@ pub struct BodyLimits {
     pub receive_budget_bytes: usize,
     /// Longest time to receive one request body.
     pub read_timeout: Duration,
-    /// Longest time a request forwarded as it arrives holds a worker slot
-    /// before its body has all come; then it is demoted
+    /// Longest time from a request's head to the end of its body for it to
+    /// be forwarded as it arrives; then it is demoted
     /// (`forward/cut_through.rs`).
     pub cut_through_grace: Duration,
 }
@@ -224,6 +224,9 @@ impl InferPath {
         // Read until the body ends, or (cut-through) until the head is here
         // and the rest of the message is one tensor's bytes.
         let cut = self.read_head(&mut body, &mut incoming).await?;
+        let window = Window {
+            until: tokio::time::Instant::now() + self.limits.cut_through_grace,
+        };
         // One frame: decoded as it is (its tensors are slices of it). More
         // (a large request): read where it lies, the tensors' sizes noted
         // and their bytes left in the frames, which go to the worker as
@@ -290,9 +293,20 @@ impl InferPath {
         });
         let mut demoted = false;
         let (lease, exchange, head) = loop {
-            let mut lease = self
-                .take_worker(id, deadline, priority, &mut body, &mut incoming)
-                .await?;
+            let mut lease = match self
+                .take_worker(id, deadline, priority, window, &mut body, &mut incoming)
+                .await?
+            {
+                Queued::Got(lease) => lease,
+                Queued::Late => {
+                    // Queued past its window with the body still arriving:
+                    // read the rest (within the read timeout), then queue
+                    // again.
+                    self.demote(&incoming, "queued");
+                    while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
+                    continue;
+                }
+            };
             // Checked again: the client may have stopped reading while this
             // request queued.
             refuse_backlogged(conn)?;
@@ -305,7 +319,7 @@ impl InferPath {
                 timeout: time_left(deadline)?,
                 extra: trace.as_ref(),
             };
-            let sent = self.send(&lease, meta, &mut body, &mut incoming);
+            let sent = self.send(&lease, meta, window, &mut body, &mut incoming);
             // A stalled or hung worker's calls fail when the sentinel gives
             // up on it (`Upstream::abort`), not when (if ever) the worker
             // answers.
@@ -324,16 +338,9 @@ impl InferPath {
                     // while the rest is read (within the read timeout),
                     // then it queues again with every frame kept.
                     lease.withdrawn();
-                    tracing::debug!(
-                        worker = %lease.worker().id(),
-                        received = incoming.received(),
-                        grace = ?self.limits.cut_through_grace,
-                        "request body not all here within the cut-through grace: \
-                         worker slot given back, the rest read before queueing again"
-                    );
                     drop(lease);
                     demoted = true;
-                    self.metrics.cut_through_demoted();
+                    self.demote(&incoming, "sent");
                     while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
                 }
             }
@@ -387,6 +394,20 @@ impl InferPath {
         }));
         *resp.headers_mut() = headers;
         Ok(resp)
+    }
+
+    /// Counts and logs a request demoted from cut-through forwarding;
+    /// `had`: how far it had got ("queued" for a worker, or "sent" to one,
+    /// whose slot it gave back).
+    fn demote(&self, incoming: &Incoming, had: &'static str) {
+        tracing::debug!(
+            received = incoming.received(),
+            grace = ?self.limits.cut_through_grace,
+            had,
+            "request body not all here within the cut-through grace of its head: \
+             reading the rest before it queues again"
+        );
+        self.metrics.cut_through_demoted();
     }
 
     /// Takes `len` bytes of the receive budget, or refuses the request.
