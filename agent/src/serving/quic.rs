@@ -390,6 +390,11 @@ async fn relay(
         }
         held.push(data);
         if message.checked() {
+            if message.sent == 0 {
+                // Smaller answers first (`quic::stream_priority`).
+                let len = message.len.unwrap_or(0);
+                let _ = send.set_priority(quic::stream_priority(len));
+            }
             if send.write_all_chunks(&mut held).await.is_err() {
                 return Relayed::Gone;
             }

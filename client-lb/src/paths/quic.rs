@@ -111,8 +111,11 @@ impl QuicRung {
         let (mut send, mut recv) = conn.open_bi().await.map_err(|e| broken(&e))?;
         let timeout_ms = timeout.as_millis().min(u32::MAX as u128) as u32;
         // The tensors go from the request's own buffers: no copy into a
-        // frame first.
-        send.write_all_chunks(&mut encode_request_chunks(req, timeout_ms))
+        // frame first. Smaller requests first (`quic::stream_priority`).
+        let mut chunks = encode_request_chunks(req, timeout_ms);
+        let len = chunks.iter().map(|c| c.len()).sum();
+        let _ = send.set_priority(quic::stream_priority(len));
+        send.write_all_chunks(&mut chunks)
             .await
             .map_err(|e| broken(&e))?;
         send.finish().map_err(|e| broken(&e))?;

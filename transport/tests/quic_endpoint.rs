@@ -1,19 +1,26 @@
-//! Finding (issue 27): the QUIC rung's larger packets did not hold under
-//! load. quinn batches up to ten datagrams of the path MTU into one GSO
-//! send; past 64 KiB in all the kernel refuses it (`EMSGSIZE`) and
-//! `quinn-udp` drops it without a word, so every large batch was lost and
-//! quinn's black-hole detection fell back to 1,200-byte packets. Through
-//! the shared endpoint ([`quic::endpoint`]) bulk transfers on loopback keep
-//! the large MTU and detect no black hole.
+//! The endpoint and transport settings both ends of the QUIC rung share
+//! ([`quic::endpoint`], [`quic::transport_config`]), over loopback.
+//!
+//! Finding (issue 27): the rung's larger packets did not hold under load.
+//! quinn batches up to ten datagrams of the path MTU into one GSO send;
+//! past 64 KiB in all the kernel refuses it (`EMSGSIZE`) and `quinn-udp`
+//! drops it without a word, so every large batch was lost and quinn's
+//! black-hole detection fell back to 1,200-byte packets.
+//!
+//! Streams go in the order written (not round-robin), so a short message
+//! must not wait behind long ones: [`quic::stream_priority`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use infermesh_transport::quic;
 
-/// A server endpoint on loopback that echoes every stream, and its
+/// A server endpoint on loopback that echoes every stream (and tells
+/// `received` the length of each request as it has it whole), and its
 /// certificate.
-fn echo_server() -> (
+fn echo_server(
+    received: tokio::sync::mpsc::UnboundedSender<usize>,
+) -> (
     quinn::Endpoint,
     quinn::rustls::pki_types::CertificateDer<'static>,
 ) {
@@ -30,11 +37,14 @@ fn echo_server() -> (
     let accepting = endpoint.clone();
     tokio::spawn(async move {
         while let Some(incoming) = accepting.accept().await {
+            let received = received.clone();
             tokio::spawn(async move {
                 let conn = incoming.await.unwrap();
                 while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                    let received = received.clone();
                     tokio::spawn(async move {
                         let data = recv.read_to_end(usize::MAX).await.unwrap();
+                        let _ = received.send(data.len());
                         send.write_all(&data).await.unwrap();
                         send.finish().unwrap();
                         let _ = send.stopped().await;
@@ -65,9 +75,15 @@ async fn echo_all(conn: &quinn::Connection, streams: usize, bytes: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bulk_transfers_keep_large_packets_on_loopback() {
-    let (server, cert) = echo_server();
+/// A client connection to a fresh echo server, and the server's record of
+/// the requests it received.
+async fn connect() -> (
+    quinn::Endpoint,
+    quinn::Connection,
+    tokio::sync::mpsc::UnboundedReceiver<usize>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (server, cert) = echo_server(tx);
     let mut roots = quinn::rustls::RootCertStore::empty();
     roots.add(cert).unwrap();
     let mut client = quinn::ClientConfig::with_root_certificates(Arc::new(roots)).unwrap();
@@ -78,6 +94,12 @@ async fn bulk_transfers_keep_large_packets_on_loopback() {
         .unwrap()
         .await
         .unwrap();
+    (endpoint, conn, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_transfers_keep_large_packets_on_loopback() {
+    let (endpoint, conn, _received) = connect().await;
     // Path-MTU discovery probes while data flows: small exchanges until it
     // has found more than an Ethernet MTU (loopback's is 64 KiB).
     let mut rounds = 0;
@@ -96,6 +118,30 @@ async fn bulk_transfers_keep_large_packets_on_loopback() {
     let path = conn.stats().path;
     assert_eq!(path.black_holes_detected, 0, "{path:?}");
     assert!(path.current_mtu > 1500, "{path:?}");
+    conn.close(0u32.into(), b"done");
+    endpoint.wait_idle().await;
+}
+
+/// A 1 KiB request written just after a 16 MiB one (both queued before
+/// the connection sends anything: one thread, no await between them)
+/// arrives first. In write order alone (`send_fairness` off, no
+/// priorities) the 16 MiB one went first.
+#[tokio::test]
+async fn a_short_request_is_not_held_behind_a_long_one() {
+    let (endpoint, conn, mut received) = connect().await;
+    let mut streams = Vec::new();
+    for len in [16 << 20, 1024] {
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        send.set_priority(quic::stream_priority(len)).unwrap();
+        send.write_all(&vec![1u8; len]).await.unwrap();
+        send.finish().unwrap();
+        streams.push(recv);
+    }
+    assert_eq!(received.recv().await, Some(1024));
+    assert_eq!(received.recv().await, Some(16 << 20));
+    for mut recv in streams {
+        recv.read_to_end(usize::MAX).await.unwrap();
+    }
     conn.close(0u32.into(), b"done");
     endpoint.wait_idle().await;
 }
