@@ -148,7 +148,9 @@ impl Core {
                 return Err((code::FRAME_SIZE_ERROR, "a frame over the maximum size"));
             }
             if buf.len() < frame::HEADER_LEN + head.len {
-                buf.reserve(frame::HEADER_LEN + head.len - buf.len());
+                // No `reserve` here: the caller's next read reserves room
+                // for the rest and more at once (one copy of the partial
+                // frame, not two).
                 return Ok(None);
             }
             buf.advance(frame::HEADER_LEN);

@@ -36,6 +36,18 @@ use crate::transports::conn::ConnInfo;
 
 /// Bytes read from a socket at a time (at least).
 const READ_CHUNK: usize = 32 << 10;
+/// The most read at a time: a connection whose reads fill the buffer
+/// (large request bodies) reads in chunks growing up to this. Each read
+/// ends inside a frame, and the frame's start is copied to the next
+/// buffer (its frames are contiguous and shared, not copied, downstream),
+/// so the read size sets how much of the traffic is copied once more:
+/// half a 16 KiB frame per 32 KiB read was a quarter of it (7% of the
+/// agent's cycles at 1 MiB x 16, BENCHMARKS.md). Not larger: with the
+/// partial frame (< 16 KiB) a buffer stays within 128 KiB, mimalloc's
+/// largest size class served from reused pages; 256 KiB buffers came
+/// from fresh memory, and zeroing it cost more than the copy saved.
+const MAX_READ_CHUNK: usize = 112 << 10;
+const _: () = assert!(MAX_READ_CHUNK + (16 << 10) <= 128 << 10);
 /// How long a connection that ended reads and drops what its client still
 /// sends, and how much of it, before closing (lingering close).
 const LINGER: Duration = Duration::from_secs(1);
@@ -159,6 +171,7 @@ pub(super) async fn serve_connection<T, R>(
         alarm: Alarm::new(),
         readable: Alarm::new(),
         read_again: true,
+        read_chunk: READ_CHUNK,
     };
     let end = std::future::poll_fn(|cx| driver.poll(cx)).await;
     let why = match end {
@@ -214,6 +227,8 @@ struct Driver<T, R> {
     /// request's four reads found nothing, ~600 instructions per request.
     readable: Alarm,
     read_again: bool,
+    /// What the next read reserves room for ([`next_read_chunk`]).
+    read_chunk: usize,
 }
 
 impl<T, R> Driver<T, R>
@@ -251,9 +266,10 @@ where
                 self.read_again = true;
             }
             if reading && (self.readable.take(cx) | self.read_again) {
-                if self.read.capacity() - self.read.len() < READ_CHUNK / 2 {
-                    self.read.reserve(READ_CHUNK);
+                if self.read.capacity() - self.read.len() < self.read_chunk / 2 {
+                    self.read.reserve(self.read_chunk);
                 }
+                let room = self.read.capacity() - self.read.len();
                 let mut socket = self.readable.context();
                 match tokio_util::io::poll_read_buf(
                     Pin::new(&mut self.io),
@@ -261,7 +277,8 @@ where
                     &mut self.read,
                 ) {
                     Poll::Ready(Ok(0)) => return Poll::Ready(End::Close("the client closed it")),
-                    Poll::Ready(Ok(_)) => {
+                    Poll::Ready(Ok(n)) => {
+                        self.read_chunk = next_read_chunk(self.read_chunk, n, room);
                         progress = true;
                         self.read_again = true;
                         self.on_read(now);
@@ -633,5 +650,40 @@ impl Body for RequestBody {
     fn is_end_stream(&self) -> bool {
         let id = self.id;
         self.shared.with(|c, _| c.is_end_stream(id))
+    }
+}
+
+/// The read size after a read of `n` bytes into `room`: doubled (up to
+/// [`MAX_READ_CHUNK`]) when the read filled the room, as the socket had
+/// more; halved (down to [`READ_CHUNK`]) when it used less than an eighth;
+/// else kept. hyper's adaptive read buffer does the same.
+fn next_read_chunk(chunk: usize, n: usize, room: usize) -> usize {
+    if n >= room {
+        (chunk * 2).min(MAX_READ_CHUNK)
+    } else if n < chunk / 8 {
+        (chunk / 2).max(READ_CHUNK)
+    } else {
+        chunk
+    }
+}
+
+#[cfg(test)]
+mod read_chunk_tests {
+    use super::*;
+
+    #[test]
+    fn reads_that_fill_the_buffer_grow_it_to_the_cap_and_small_ones_shrink_it() {
+        let mut chunk = READ_CHUNK;
+        for _ in 0..8 {
+            chunk = next_read_chunk(chunk, chunk, chunk);
+        }
+        assert_eq!(chunk, MAX_READ_CHUNK);
+        // A read that used some of the room keeps the size.
+        assert_eq!(next_read_chunk(chunk, chunk / 2, chunk), chunk);
+        // Small requests again: back down, never below the floor.
+        for _ in 0..8 {
+            chunk = next_read_chunk(chunk, 100, chunk);
+        }
+        assert_eq!(chunk, READ_CHUNK);
     }
 }
