@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 24's HTTP/2 attacks (tests/src/h2attack, the `h2-attack` binary),
-# each for ATTACK_DURATION against a fresh agent (release build, one test
+# Issue 24's HTTP/2 attacks and issue 27's trickle-upload (tests/src/h2attack,
+# the `h2-attack` binary; `h2-attack list` names them), each for
+# ATTACK_DURATION against a fresh agent (release build, one test
 # worker) and against nghttpd (Debian's nghttp2-server, plaintext, a docroot
 # with index.html and an 8 MiB big.bin), with a good client alongside on
 # its own connection: `infermesh bench` (1 s deadline) against the agent,
