@@ -185,7 +185,7 @@ impl Metrics {
         let cut_through_demotions = Counter::default();
         registry.register(
             "cut_through_demotions",
-            "Requests being forwarded as they arrived whose body had not all come within limits.cut_through_grace of their head: the worker's stream reset and its slot given back (or the queue left), the rest read before queueing again",
+            "Requests being forwarded as they arrived whose body had not all come when their cut-through window closed (limits.cut_through_grace after the head, extended while the body arrives at 1 MiB/s or faster): the worker's stream reset and its slot given back (or the queue left), the rest read before queueing again",
             cut_through_demotions.clone(),
         );
         let health_checks = Family::<Labels, Counter>::default();

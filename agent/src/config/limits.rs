@@ -21,11 +21,13 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest time to receive one request body.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// A large request forwarded as it arrives (cut-through) whose body has
-/// not all come within this of its head gives its worker slot (or its
-/// place in the queue) back and is read whole before it queues again
-/// (docs/DECISIONS.md, "Trickling uploads"): a client that sends a head and
-/// then trickles holds receive budget, not a worker.
+/// A large request is forwarded as it arrives (cut-through) for this long
+/// from its head, extended while its body keeps coming at 1 MiB/s or
+/// faster (at most four times this); one whose body has not all come by
+/// then gives its worker slot (or its place in the queue) back and is read
+/// whole before it queues again (docs/DECISIONS.md, "Trickling uploads"):
+/// a client that sends a head and then trickles holds receive budget, not
+/// a worker.
 pub const DEFAULT_CUT_THROUGH_GRACE: Duration = Duration::from_secs(1);
 /// Longest unary call other than `ModelInfer`.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);

@@ -13,10 +13,11 @@
 //! left of its deadline. A large request is *cut through*: once its head
 //! is here and the rest of the message is its last tensor's bytes, it is
 //! validated and sent with what has arrived, and each later frame follows
-//! as it comes (docs/DECISIONS.md); one whose body has not all come within
-//! `limits.cut_through_grace` of its head is demoted — its worker slot
-//! given back (or its place in the queue), the rest read whole, then
-//! queued again (`forward/cut_through.rs`). The worker's response headers and body
+//! as it comes (docs/DECISIONS.md); one whose body stops coming (not all
+//! here `limits.cut_through_grace` after its head, extended while it
+//! arrives at 1 MiB/s or faster) is demoted — its worker slot given back
+//! (or its place in the queue), the rest read whole, then queued again
+//! (`forward/cut_through.rs`). The worker's response headers and body
 //! go back unchanged; only the trailers are touched: the load report is
 //! added, and an internal error that names a GPU fault is turned into
 //! UNAVAILABLE (so clients retry elsewhere) and reported to the worker's
@@ -224,9 +225,7 @@ impl InferPath {
         // Read until the body ends, or (cut-through) until the head is here
         // and the rest of the message is one tensor's bytes.
         let cut = self.read_head(&mut body, &mut incoming).await?;
-        let window = Window {
-            until: tokio::time::Instant::now() + self.limits.cut_through_grace,
-        };
+        let window = Window::new(self.limits.cut_through_grace, incoming.received());
         // One frame: decoded as it is (its tensors are slices of it). More
         // (a large request): read where it lies, the tensors' sizes noted
         // and their bytes left in the frames, which go to the worker as
@@ -404,7 +403,7 @@ impl InferPath {
             received = incoming.received(),
             grace = ?self.limits.cut_through_grace,
             had,
-            "request body not all here within the cut-through grace of its head: \
+            "request body not all here when its cut-through window closed: \
              reading the rest before it queues again"
         );
         self.metrics.cut_through_demoted();

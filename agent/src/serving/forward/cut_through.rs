@@ -7,9 +7,11 @@
 //! requests wait for: a client that sends a large request's head and then
 //! trickles would hold it until `read_timeout` (30 s), and an idle worker
 //! with a request held and none answered looks stuck to the stall
-//! watchdog. So a request may be cut through only within
-//! `limits.cut_through_grace` (1 s) of its head's arrival (its [`Window`]);
-//! one whose body has not all come by then is **demoted**: if it has a
+//! watchdog. So a request may be cut through only while its body keeps
+//! coming (its [`Window`]: `limits.cut_through_grace`, 1 s, from its head's
+//! arrival, extended as bytes arrive at [`MIN_RATE`] or faster, at most
+//! [`MAX_WINDOW_GRACES`] graces); one whose body has not all come when its
+//! window closes is **demoted**: if it has a
 //! worker ([`Sent::Demoted`]) the worker's stream is reset (it never saw
 //! the message end, so it never ran the request) and the slot goes back;
 //! if it is still queued ([`Queued::Late`]) it leaves the queue. Either way
@@ -19,9 +21,12 @@
 //! slot: a burst of tricklers larger than the worker's slots costs the
 //! others one grace, not one per wave of slots.
 
+use std::pin::Pin;
+use std::time::Duration;
+
 use bytes::Bytes;
 use http_body::Body;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tonic::Status;
 
 use super::{Incoming, InferPath};
@@ -30,11 +35,60 @@ use crate::dispatch::pool::Lease;
 use crate::error::AgentError;
 use crate::worker::upstream::{Exchange, Metadata, ResponseHead};
 
-/// Until when a request may be forwarded as it arrives: its head's arrival
-/// plus the cut-through grace.
+/// Bytes per second a body must keep arriving at to stay cut through past
+/// the grace: each byte received extends the window by 1 / `MIN_RATE` s
+/// (Apache's `mod_reqtimeout` `MinRate` for request bodies). A body on a
+/// loaded host's loopback arrives at tens of MiB/s (16 × 16 MiB shared
+/// one connection at ~250 MiB/s here: over a second each); a trickler at
+/// bytes per second gets the grace alone.
+pub(super) const MIN_RATE: f64 = (1 << 20) as f64;
+
+/// The most graces a window lasts, however fast the body comes: a slot is
+/// held at most 4 s by default, under the stall watchdog's 5 s floor (a
+/// worker holding a request it cannot answer, because the body is still
+/// coming, must not look stuck).
+pub(super) const MAX_WINDOW_GRACES: u32 = 4;
+
+/// How long a request may be forwarded as it arrives: from its head's
+/// arrival, the cut-through grace plus the time its received bytes earn at
+/// [`MIN_RATE`], at most [`MAX_WINDOW_GRACES`] graces.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Window {
-    pub(super) until: Instant,
+    head: Instant,
+    grace: Duration,
+    /// Bytes received when the head was here.
+    at_head: usize,
+}
+
+impl Window {
+    /// The window of a request whose head is here now, with `received`
+    /// bytes of its body.
+    pub(super) fn new(grace: Duration, received: usize) -> Self {
+        Self {
+            head: Instant::now(),
+            grace,
+            at_head: received,
+        }
+    }
+
+    /// When the window closes once `received` bytes of the body are here.
+    fn until(&self, received: usize) -> Instant {
+        let earned = received.saturating_sub(self.at_head) as f64 / MIN_RATE;
+        let open =
+            (self.grace + Duration::from_secs_f64(earned)).min(self.grace * MAX_WINDOW_GRACES);
+        self.head + open
+    }
+
+    /// Whether the window is closed now; if not, `timer` is set to when it
+    /// would close at the present count.
+    fn closed(&self, incoming: &Incoming, timer: Pin<&mut Sleep>) -> bool {
+        let until = self.until(incoming.received());
+        if until <= Instant::now() {
+            return true;
+        }
+        timer.reset(until);
+        false
+    }
 }
 
 /// What became of a request waiting for a worker.
@@ -78,7 +132,7 @@ impl InferPath {
     {
         let acquire = self.pool.acquire_prioritized(id, None, deadline, priority);
         tokio::pin!(acquire);
-        let late = tokio::time::sleep_until(window.until);
+        let late = tokio::time::sleep_until(window.until(incoming.received()));
         tokio::pin!(late);
         loop {
             if incoming.ended {
@@ -90,9 +144,13 @@ impl InferPath {
                 more = self.read_frame(body, incoming) => {
                     more?;
                 }
-                // Returning drops `acquire`: the request leaves the queue
-                // (a permit handed over meanwhile goes back).
-                () = &mut late => return Ok(Queued::Late),
+                () = &mut late => {
+                    // Returning drops `acquire`: the request leaves the
+                    // queue (a permit handed over meanwhile goes back).
+                    if window.closed(incoming, late.as_mut()) {
+                        return Ok(Queued::Late);
+                    }
+                }
             }
         }
     }
@@ -128,7 +186,7 @@ impl InferPath {
                 .map_err(|e| unreachable(&e))?;
             return Ok(Sent::Answered(exchange, head));
         }
-        let grace = tokio::time::sleep_until(window.until);
+        let grace = tokio::time::sleep_until(window.until(incoming.received()));
         tokio::pin!(grace);
         let mut upload = upstream
             .upload(meta, &incoming.chunks)
@@ -138,8 +196,13 @@ impl InferPath {
             let more = tokio::select! {
                 biased;
                 more = self.read_frame(body, incoming) => more?,
-                // Dropping the upload resets the worker's stream.
-                () = &mut grace => return Ok(Sent::Demoted),
+                () = &mut grace => {
+                    if window.closed(incoming, grace.as_mut()) {
+                        // Dropping the upload resets the worker's stream.
+                        return Ok(Sent::Demoted);
+                    }
+                    continue;
+                }
             };
             if more.is_none() {
                 break;
@@ -158,5 +221,23 @@ impl InferPath {
             .await
             .map_err(|e| unreachable(&e))?;
         Ok(Sent::Answered(exchange, head))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_is_the_grace_extended_by_what_arrives_at_the_least_rate_up_to_its_cap() {
+        let grace = Duration::from_secs(1);
+        let w = Window::new(grace, 1000);
+        let head = w.head;
+        // A trickler: a few bytes earn nothing to speak of.
+        assert!(w.until(1010) - head < grace + Duration::from_millis(1));
+        // 2 MiB since the head: two more seconds.
+        assert_eq!(w.until(1000 + (2 << 20)) - head, Duration::from_secs(3));
+        // However fast the body comes, at most four graces.
+        assert_eq!(w.until(1000 + (64 << 20)) - head, grace * MAX_WINDOW_GRACES);
     }
 }
