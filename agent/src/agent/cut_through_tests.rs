@@ -356,17 +356,11 @@ async fn a_trickling_upload_does_not_keep_other_requests_from_the_worker() {
     let (mut resp, body) = start(&mut h2, &whole[..FIRST]).await;
     worker_reads(&worker, before, FIRST, "the trickler's head").await;
     let trickle = Trickle::start(body, whole[FIRST..].to_vec());
-    let mut c = client(&agent).await;
-    let small = [0.5; 16];
-    let out = tokio::time::timeout(PATIENCE, c.model_infer(request("dense", &small)))
-        .await
-        .expect("the second request is served while the trickler holds its upload open")
-        .expect("the second request is answered")
-        .into_inner();
-    assert_eq!(
-        raw_to_f32(&out.raw_output_contents[0]).unwrap(),
-        dense::forward(&small)
-    );
+    small_request_is_served(
+        &agent,
+        "the second request is served while the trickler holds its upload open",
+    )
+    .await;
     assert!(
         futures_util::FutureExt::now_or_never(&mut resp).is_none(),
         "the trickler's request is still open"
@@ -455,17 +449,7 @@ async fn a_trickler_still_queued_when_its_window_closes_never_takes_the_worker()
     let trickle = Trickle::start(body, whole[FIRST..].to_vec());
     demotions(&agent, 1).await;
     drop(held);
-    let mut c = client(&agent).await;
-    let small = [0.5; 16];
-    let out = tokio::time::timeout(PATIENCE, c.model_infer(request("dense", &small)))
-        .await
-        .expect("the freed slot serves a request that is all here")
-        .expect("answered")
-        .into_inner();
-    assert_eq!(
-        raw_to_f32(&out.raw_output_contents[0]).unwrap(),
-        dense::forward(&small)
-    );
+    small_request_is_served(&agent, "the freed slot serves a request that is all here").await;
     assert!(
         worker.received() - before < FIRST as u64,
         "the trickler's request never reached the worker ({} bytes read)",
@@ -486,4 +470,20 @@ async fn a_trickler_still_queued_when_its_window_closes_never_takes_the_worker()
     );
     demotions(&agent, 1).await;
     agent.stop().await;
+}
+
+/// A small request that is all here is answered, and rightly, within
+/// [`PATIENCE`] (`why`: what its being served shows).
+async fn small_request_is_served(agent: &Agent, why: &str) {
+    let mut c = client(agent).await;
+    let small = [0.5; 16];
+    let out = tokio::time::timeout(PATIENCE, c.model_infer(request("dense", &small)))
+        .await
+        .expect(why)
+        .expect("answered")
+        .into_inner();
+    assert_eq!(
+        raw_to_f32(&out.raw_output_contents[0]).unwrap(),
+        dense::forward(&small)
+    );
 }
