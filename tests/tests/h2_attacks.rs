@@ -180,19 +180,7 @@ async fn zero_window_readers_do_not_pin_worker_slots() {
     .await
     .unwrap();
     // The attacker holds its streams; the worker has answered them all.
-    eventually(
-        "the worker's slots free while the attacker holds",
-        || async {
-            let status = agent.status().await;
-            (status.workers[0].in_flight == 0).then_some(())
-        },
-    )
-    .await;
-    let before = load.sent();
-    eventually("the good client keeps being served", || async {
-        (load.sent() >= before + 50).then_some(())
-    })
-    .await;
+    slots_free_and_good_client_served(&agent, &load, "the attacker").await;
     assert!(
         !wire.seen(|s| s.over()),
         "the attacker's connection was closed (the test needs it held)"
@@ -303,19 +291,7 @@ async fn trickling_uploads_give_their_worker_slots_back() {
         agent.metrics().await.contains(&demoted).then_some(())
     })
     .await;
-    eventually(
-        "the worker's slots free while the trickler holds",
-        || async {
-            let status = agent.status().await;
-            (status.workers[0].in_flight == 0).then_some(())
-        },
-    )
-    .await;
-    let before = load.sent();
-    eventually("the good client keeps being served", || async {
-        (load.sent() >= before + 50).then_some(())
-    })
-    .await;
+    slots_free_and_good_client_served(&agent, &load, "the trickler").await;
     drop(stop);
     let wire = trickler.await.unwrap();
     assert!(
@@ -330,4 +306,22 @@ async fn trickling_uploads_give_their_worker_slots_back() {
     );
     drop(wire);
     no_errors(load).await;
+}
+
+/// While `who` holds its streams, the worker's slots are free and the good
+/// client's requests keep being answered.
+async fn slots_free_and_good_client_served(agent: &Agent, load: &Load, who: &str) {
+    eventually(
+        &format!("the worker's slots free while {who} holds"),
+        || async {
+            let status = agent.status().await;
+            (status.workers[0].in_flight == 0).then_some(())
+        },
+    )
+    .await;
+    let before = load.sent();
+    eventually("the good client keeps being served", || async {
+        (load.sent() >= before + 50).then_some(())
+    })
+    .await;
 }

@@ -339,6 +339,21 @@ impl Trickle {
         let _ = self.stop.send(());
         self.task.await.unwrap()
     }
+
+    /// Stops trickling and sends the rest of `whole` (a request for
+    /// `input`, started with its first [`FIRST`] bytes): its answer must
+    /// be exact.
+    async fn finish(self, whole: &[u8], resp: h2::client::ResponseFuture, input: &[f32]) {
+        let (mut body, sent) = self.stop().await;
+        send(&mut body, &whole[FIRST + sent..], true).await;
+        let (status, message) = answer(resp).await;
+        assert_eq!(status, "0");
+        let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
+        assert_eq!(
+            raw_to_f32(&resp.raw_output_contents[0]).unwrap(),
+            dense::forward(input)
+        );
+    }
 }
 
 /// A client that sends a large request's head and then trickles its body
@@ -396,15 +411,7 @@ async fn a_demoted_upload_is_answered_exactly_once_its_body_has_come() {
         Duration::ZERO,
         "a withdrawn upload is not waiting charged to the worker"
     );
-    let (mut body, sent) = trickle.stop().await;
-    send(&mut body, &whole[FIRST + sent..], true).await;
-    let (status, message) = answer(resp).await;
-    assert_eq!(status, "0");
-    let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
-    assert_eq!(
-        raw_to_f32(&resp.raw_output_contents[0]).unwrap(),
-        dense::forward(&input)
-    );
+    trickle.finish(&whole, resp, &input).await;
     slots_free(&agent).await;
     let text = agent.metrics().render(agent.pool());
     assert!(
@@ -459,15 +466,7 @@ async fn a_trickler_still_queued_when_its_window_closes_never_takes_the_worker()
         futures_util::FutureExt::now_or_never(&mut resp).is_none(),
         "the trickler's request is still open"
     );
-    let (mut body, sent) = trickle.stop().await;
-    send(&mut body, &whole[FIRST + sent..], true).await;
-    let (status, message) = answer(resp).await;
-    assert_eq!(status, "0");
-    let resp = infermesh_proto::inference::ModelInferResponse::decode(&message[5..]).unwrap();
-    assert_eq!(
-        raw_to_f32(&resp.raw_output_contents[0]).unwrap(),
-        dense::forward(&input)
-    );
+    trickle.finish(&whole, resp, &input).await;
     demotions(&agent, 1).await;
     agent.stop().await;
 }
