@@ -18,7 +18,15 @@
 //! of the other way round. A worker that does not answer is still a
 //! timeout after `probe_timeout`. [`Prober::inline`] runs probes on the
 //! caller's runtime, for tests under tokio's paused clock.
+//!
+//! Periodic health-check rounds of a serving worker run there too
+//! ([`Prober::run`], over the probe's connection): a check's 10 s timeout
+//! is as much a verdict on the worker as a probe's, and a busy agent must
+//! not fail it. They are small inference requests every `interval`; the
+//! startup gate's round still runs on the agent's runtime (nothing is
+//! served before it passes).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,11 +118,23 @@ impl Prober {
                 .await
                 .unwrap_or(false)
         };
+        // The task ends on its own within `timeout`; a prober dropped
+        // meanwhile (the agent stopping) cancels it: not live.
+        self.run(probe).await.unwrap_or(false)
+    }
+
+    /// Runs `work` (a probe, a health round) on the probes' runtime, so
+    /// that its timeouts measure the worker and not the agent; on the
+    /// caller's for an inline prober. `None` if the prober was dropped
+    /// meanwhile (the agent stopping).
+    pub async fn run<F>(&self, work: F) -> Option<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
         match &self.runtime {
-            None => probe.await,
-            // The task ends on its own within `timeout`; a prober dropped
-            // meanwhile (the agent stopping) cancels it: not live.
-            Some(runtime) => runtime.spawn(probe).await.unwrap_or(false),
+            None => Some(work.await),
+            Some(runtime) => runtime.spawn(work).await.ok(),
         }
     }
 }

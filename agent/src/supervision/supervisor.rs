@@ -672,12 +672,18 @@ impl Supervisor {
         let metrics = Arc::clone(&self.ctx.metrics);
         let snap = self.snap.clone();
         let id = self.worker.id().to_string();
+        // On the prober's thread and connection, as liveness probes: a
+        // check timing out must say the worker is slow, not the agent.
+        let prober = Arc::clone(&self.ctx.prober);
+        let client = self
+            .probe_client
+            .clone()
+            .unwrap_or_else(|| process.client.clone());
         self.health = Some(Box::pin(async move {
-            let verdicts =
-                health::run_round(&cfg, &id, &snap, &metrics, process.client.clone()).await;
+            let round = async move { health::run_round(&cfg, &id, &snap, &metrics, client).await };
             HealthRound {
                 generation,
-                verdicts,
+                verdicts: prober.run(round).await.unwrap_or_default(),
             }
         }));
     }

@@ -115,3 +115,61 @@ async fn an_inline_prober_runs_on_the_callers_runtime() {
             .await
     );
 }
+
+/// A health check that asks the worker whether it is live.
+#[derive(Debug)]
+struct LiveCheck;
+
+impl infermesh_health::HealthCheck for LiveCheck {
+    fn name(&self) -> &str {
+        "live"
+    }
+
+    fn model(&self) -> &str {
+        ""
+    }
+
+    fn check<'a>(
+        &'a self,
+        mut client: infermesh_health::Client,
+    ) -> infermesh_health::CheckFuture<'a> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let live = client.server_live(ServerLiveRequest {}).await;
+            let result = match live {
+                Ok(r) if r.get_ref().live => Ok("live".to_string()),
+                other => Err(format!("{other:?}")),
+            };
+            infermesh_health::Verdict::from_result(self, result, started.elapsed())
+        })
+    }
+}
+
+/// A health round is timed where probes are ([`Prober::run`], the
+/// supervisor's periodic rounds): the agent's thread busy for longer than
+/// the check's timeout while it is out does not fail a worker that
+/// answered at once. (Run on the agent's runtime, the same check times
+/// out.)
+#[test]
+fn a_health_check_out_while_the_agents_thread_is_busy_passes() {
+    let (address, _worker) = worker();
+    agent_runtime().block_on(async {
+        let prober = Prober::dedicated().unwrap();
+        let client = prober.client(address, 1 << 20).unwrap();
+        let round = {
+            let prober = Arc::clone(&prober);
+            tokio::spawn(async move {
+                let check =
+                    async move { infermesh_health::run_check(&LiveCheck, client, TIMEOUT).await };
+                prober.run(check).await
+            })
+        };
+        tokio::task::yield_now().await;
+        std::thread::sleep(TIMEOUT * 2);
+        let verdict = round.await.unwrap().expect("the prober is alive");
+        assert!(
+            verdict.pass,
+            "a busy agent failed a live worker's health check: {verdict:?}"
+        );
+    });
+}
