@@ -382,6 +382,26 @@ async fn drain_under_load_loses_no_request_and_nodes_lists_it() {
     // its node way to ops.
     let mut batch = service_agent(&zk, "node-batch", "batch");
     batch.wait_ready().await;
+    // Ready is not registered: `scale` reads the registry (without this
+    // the batch service was seen with no node, once in four runs).
+    eventually("the batch node is registered", || async {
+        let out = cli(args(&[
+            "nodes",
+            "--registry",
+            &registry,
+            "--service",
+            "batch",
+            "--json",
+        ]))
+        .await;
+        // Until then `nodes` may fail (no node): not JSON, not done.
+        let doc: Value = serde_json::from_slice(&out.stdout).ok()?;
+        doc["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 1)
+            .then_some(())
+    })
+    .await;
     let priorities = [
         "scale",
         "--registry",
