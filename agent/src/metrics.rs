@@ -128,6 +128,7 @@ pub struct Metrics {
     health_latency: Family<Labels, Histogram>,
     transport: [Counter; TransportPath::ALL.len()],
     cut_through_demotions: Counter,
+    cut_through_deferrals: Counter,
     node_state: Family<Labels, Gauge>,
     /// Set once every worker's zero-valued series exist.
     workers_primed: OnceLock<()>,
@@ -187,6 +188,12 @@ impl Metrics {
             "cut_through_demotions",
             "Requests being forwarded as they arrived whose body had not all come when their cut-through window closed (limits.cut_through_grace after the head, extended while the body arrives at 1 MiB/s or faster): the worker's stream reset and its slot given back (or the queue left), the rest read before queueing again",
             cut_through_demotions.clone(),
+        );
+        let cut_through_deferrals = Counter::default();
+        registry.register(
+            "cut_through_deferrals",
+            "Requests that took a worker with their body still arriving when unfinished uploads already held all of that worker's slots but one: the slot given back, the body read whole before queueing again (so a request that is all here always finds a slot)",
+            cut_through_deferrals.clone(),
         );
         let health_checks = Family::<Labels, Counter>::default();
         let health_pass = Family::<Labels, Gauge>::default();
@@ -318,6 +325,7 @@ impl Metrics {
             health_latency,
             transport,
             cut_through_demotions,
+            cut_through_deferrals,
         }
     }
 
@@ -330,6 +338,12 @@ impl Metrics {
     /// ([`crate::serving::forward`]).
     pub fn cut_through_demoted(&self) {
         self.cut_through_demotions.inc();
+    }
+
+    /// Counts a request deferred from cut-through forwarding: its worker's
+    /// slots were all but one held by unfinished uploads.
+    pub fn cut_through_deferred(&self) {
+        self.cut_through_deferrals.inc();
     }
 
     /// The request metrics of `model` (a served model), or of

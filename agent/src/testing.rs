@@ -314,6 +314,7 @@ pub fn publish_routable(
             tokio_util::task::TaskTracker::new(),
         ),
         abort: Default::default(),
+        open_uploads: Default::default(),
     });
     driver.publisher.send_modify(|s| {
         let mut next = crate::worker::state::WorkerSnapshot::clone(s);

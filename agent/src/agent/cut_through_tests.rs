@@ -486,3 +486,43 @@ async fn small_request_is_served(agent: &Agent, why: &str) {
         dense::forward(&small)
     );
 }
+
+/// Unfinished uploads may hold all of a worker's slots but one: with two
+/// slots and one upload open, a second upload that takes the other slot is
+/// deferred (read whole first, its slot given back), and a request that is
+/// all here is served while both uploads are still arriving — however long
+/// their windows (an hour here). Without the cap the two uploads held both
+/// slots until their windows closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_never_hold_a_workers_last_slot() {
+    let (agent, worker, mut h2) = setup_with(2, h2::client::Builder::new()).await;
+    let whole = framed(&request("dense", &input()));
+    let before = worker.received();
+    let (resp_a, body_a) = start(&mut h2, &whole[..FIRST]).await;
+    worker_reads(&worker, before, FIRST, "the first upload's head").await;
+    let trickle_a = Trickle::start(body_a, whole[FIRST..].to_vec());
+    let (resp_b, body_b) = start(&mut h2, &whole[..FIRST]).await;
+    let trickle_b = Trickle::start(body_b, whole[FIRST..].to_vec());
+    // The second upload has taken the other slot, or has been deferred.
+    let deferred = "infermesh_cut_through_deferrals_total 1\n";
+    tokio::time::timeout(PATIENCE, async {
+        while agent.pool().worker_load(0).0 < 2
+            && !agent.metrics().render(agent.pool()).contains(deferred)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the second upload takes a slot or is deferred");
+    small_request_is_served(
+        &agent,
+        "a request that is all here finds the slot uploads leave",
+    )
+    .await;
+    assert!(agent.metrics().render(agent.pool()).contains(deferred));
+    let input = input();
+    trickle_a.finish(&whole, resp_a, &input).await;
+    trickle_b.finish(&whole, resp_b, &input).await;
+    slots_free(&agent).await;
+    agent.stop().await;
+}

@@ -785,6 +785,11 @@ impl Lease {
         &self.process
     }
 
+    /// The worker's permits now (its concurrency limit).
+    pub fn limit(&self) -> usize {
+        lock(&self.pool.sched).slots[self.worker].limiter.limit()
+    }
+
     /// The worker answered: the request counts as a completion in the
     /// worker's live capacity when the permit is freed.
     pub fn served(&mut self) {

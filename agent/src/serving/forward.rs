@@ -342,6 +342,20 @@ impl InferPath {
                     self.demote(&incoming, "sent");
                     while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
                 }
+                Sent::Deferred => {
+                    // Unfinished uploads hold the worker's other slots:
+                    // this one stays free for requests that are all here.
+                    lease.withdrawn();
+                    drop(lease);
+                    demoted = true;
+                    tracing::debug!(
+                        received = incoming.received(),
+                        "the worker's slots but one are held by unfinished uploads: \
+                         reading this request whole before it queues again"
+                    );
+                    self.metrics.cut_through_deferred();
+                    while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
+                }
             }
         };
         let process = Arc::clone(lease.process());

@@ -465,6 +465,7 @@ impl Supervisor {
                     client: client(address, self.ctx.max_message_bytes),
                     upstream: Upstream::new(address, self.ctx.tasks.clone()),
                     abort: CancellationToken::new(),
+                    open_uploads: Default::default(),
                 });
                 self.update(|s| s.process = Some(process));
                 self.driver.log.push_event("spawned", format!("pid {pid}"));

@@ -40,6 +40,10 @@ pub struct Process {
     /// answered at once. (Those on `upstream` are failed by
     /// [`Upstream::abort`], which costs the hot path nothing.)
     pub abort: CancellationToken,
+    /// Requests forwarded to it whose bodies are still arriving (cut-through
+    /// uploads, `serving::forward::cut_through`): they may hold all of its
+    /// slots but one.
+    pub open_uploads: std::sync::atomic::AtomicUsize,
 }
 
 /// What is true of a worker at one moment.

@@ -20,8 +20,16 @@
 //! worker refused is sent again. The window starts at the head, not at the
 //! slot: a burst of tricklers larger than the worker's slots costs the
 //! others one grace, not one per wave of slots.
+//!
+//! Within their windows, unfinished uploads may hold all of a worker's
+//! slots but one ([`upload_slots`]); one more is **deferred**
+//! ([`Sent::Deferred`]): its slot goes back and it is read whole before it
+//! queues again. So tricklers opened at a steady rate, each demoted after
+//! its window, cannot hold every slot between them: a request that is all
+//! here always finds one.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -91,6 +99,33 @@ impl Window {
     }
 }
 
+/// Slots of a worker with `limit` permits that unfinished uploads may hold
+/// at once: all but one, and at least one (a worker with one slot is cut
+/// through to as before; the grace alone bounds what a trickler holds).
+pub(super) fn upload_slots(limit: usize) -> usize {
+    limit.saturating_sub(1).max(1)
+}
+
+/// One of a worker's unfinished uploads, counted while it lives.
+struct OpenUpload<'a>(&'a AtomicUsize);
+
+impl<'a> OpenUpload<'a> {
+    /// Counts one more upload in `open`, unless `cap` are open already.
+    fn take(open: &'a AtomicUsize, cap: usize) -> Option<Self> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < cap).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Self(open))
+    }
+}
+
+impl Drop for OpenUpload<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// What became of a request waiting for a worker.
 pub(super) enum Queued {
     /// It has one.
@@ -108,6 +143,10 @@ pub(super) enum Sent {
     /// stream was reset; the body is to be read on and the request to
     /// queue again.
     Demoted,
+    /// Its body was still arriving and the worker's slots were all but one
+    /// held by unfinished uploads ([`upload_slots`]): nothing was sent, the
+    /// body is to be read whole and the request to queue again.
+    Deferred,
 }
 
 impl InferPath {
@@ -186,6 +225,11 @@ impl InferPath {
                 .map_err(|e| unreachable(&e))?;
             return Ok(Sent::Answered(exchange, head));
         }
+        let process = lease.process();
+        let Some(open) = OpenUpload::take(&process.open_uploads, upload_slots(lease.limit()))
+        else {
+            return Ok(Sent::Deferred);
+        };
         let grace = tokio::time::sleep_until(window.until(incoming.received()));
         tokio::pin!(grace);
         let mut upload = upstream
@@ -216,6 +260,8 @@ impl InferPath {
             .end(&incoming.chunks)
             .await
             .map_err(|e| unreachable(&e))?;
+        // The body is all the worker's: the slot is an ordinary one now.
+        drop(open);
         let (exchange, head) = upload
             .answer(&incoming.chunks)
             .await
@@ -227,6 +273,23 @@ impl InferPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uploads_may_hold_all_slots_but_one_and_give_them_back() {
+        assert_eq!(
+            [1, 2, 3, 8].map(upload_slots),
+            [1, 1, 2, 7],
+            "a one-slot worker still takes one upload"
+        );
+        let open = AtomicUsize::new(0);
+        let first = OpenUpload::take(&open, 2).expect("room");
+        let second = OpenUpload::take(&open, 2).expect("room");
+        assert!(OpenUpload::take(&open, 2).is_none(), "at the cap");
+        drop(first);
+        let third = OpenUpload::take(&open, 2).expect("a slot given back is room again");
+        drop((second, third));
+        assert_eq!(open.load(Ordering::Acquire), 0);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_window_is_the_grace_extended_by_what_arrives_at_the_least_rate_up_to_its_cap() {
