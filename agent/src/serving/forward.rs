@@ -46,7 +46,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 use tracing::Instrument;
 
-use crate::dispatch::pool::{Pool, Ticket};
+use crate::dispatch::pool::{Lease, Pool, Ticket};
 use crate::error::AgentError;
 use crate::metrics::{Metrics, TransportPath};
 use crate::serving::deadline::header_timeout;
@@ -256,7 +256,7 @@ impl InferPath {
             || crate::transports::rdma::uses_rdma(&req)
             || req.inputs.iter().any(|i| i.datatype == "BYTES");
         if raw_lens.is_some() && needs_contents {
-            while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
+            self.read_rest(&mut body, &mut incoming).await?;
             req = decode(&gather(&incoming.chunks))?;
             raw_lens = None;
         }
@@ -302,7 +302,7 @@ impl InferPath {
                     // read the rest (within the read timeout), then queue
                     // again.
                     self.demote(&incoming, "queued");
-                    while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
+                    self.read_rest(&mut body, &mut incoming).await?;
                     continue;
                 }
             };
@@ -332,40 +332,22 @@ impl InferPath {
             };
             match sent {
                 Sent::Answered(exchange, head) => break (lease, exchange, head),
-                Sent::Demoted => {
-                    // The body is late: its slot goes to other requests
-                    // while the rest is read (within the read timeout),
-                    // then it queues again with every frame kept.
-                    lease.withdrawn();
-                    drop(lease);
-                    demoted = true;
-                    self.demote(&incoming, "sent");
-                    while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
-                }
-                Sent::Deferred => {
-                    // Unfinished uploads hold the worker's other slots:
-                    // this one stays free for requests that are all here.
-                    lease.withdrawn();
-                    drop(lease);
-                    demoted = true;
-                    tracing::debug!(
-                        received = incoming.received(),
-                        "the worker's slots but one are held by unfinished uploads: \
-                         reading this request whole before it queues again"
-                    );
-                    self.metrics.cut_through_deferred();
-                    while self.read_frame(&mut body, &mut incoming).await?.is_some() {}
-                }
+                // The body is late, or unfinished uploads hold the
+                // worker's other slots (this one stays free for requests
+                // that are all here).
+                Sent::Demoted => self.demote(&incoming, "sent"),
+                Sent::Deferred => self.defer(&incoming),
             }
+            // Its slot goes to other requests while the rest is read
+            // (within the read timeout); then it queues again with every
+            // frame kept.
+            lease.withdrawn();
+            drop(lease);
+            demoted = true;
+            self.read_rest(&mut body, &mut incoming).await?;
         };
         let process = Arc::clone(lease.process());
-        let unreachable = |e: &dyn std::fmt::Display| -> Status {
-            AgentError::WorkerUnreachable {
-                worker: lease.worker().id().to_string(),
-                reason: e.to_string(),
-            }
-            .into()
-        };
+        let unreachable = |e: &dyn std::fmt::Display| worker_unreachable(&lease, e);
         drop(trace);
         drop(permit);
         if head.status != 200 {
@@ -423,6 +405,17 @@ impl InferPath {
         self.metrics.cut_through_demoted();
     }
 
+    /// Counts and logs a request deferred from cut-through forwarding: it
+    /// took a worker's last slot not held by an unfinished upload.
+    fn defer(&self, incoming: &Incoming) {
+        tracing::debug!(
+            received = incoming.received(),
+            "the worker's slots but one are held by unfinished uploads: \
+             reading this request whole before it queues again"
+        );
+        self.metrics.cut_through_deferred();
+    }
+
     /// Takes `len` bytes of the receive budget, or refuses the request.
     fn reserve(&self, len: usize) -> Result<OwnedSemaphorePermit, Status> {
         if len > self.limits.max_message_bytes {
@@ -437,6 +430,16 @@ impl InferPath {
             .try_acquire_many_owned(n)
             .map_err(|_| AgentError::ReceiveBudget.into())
     }
+}
+
+/// The error for a request that `lease`'s worker could not be reached for
+/// (or answered as no worker should), with `why`.
+fn worker_unreachable(lease: &Lease, why: &dyn std::fmt::Display) -> Status {
+    AgentError::WorkerUnreachable {
+        worker: lease.worker().id().to_string(),
+        reason: why.to_string(),
+    }
+    .into()
 }
 
 /// Decodes a request that arrived as one gRPC frame.

@@ -40,7 +40,6 @@ use tonic::Status;
 use super::{Incoming, InferPath};
 use crate::dispatch::models::ModelId;
 use crate::dispatch::pool::Lease;
-use crate::error::AgentError;
 use crate::worker::upstream::{Exchange, Metadata, ResponseHead};
 
 /// Bytes per second a body must keep arriving at to stay cut through past
@@ -210,14 +209,9 @@ impl InferPath {
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
     {
-        let upstream = &lease.process().upstream;
-        let unreachable = |e: &dyn std::fmt::Display| -> Status {
-            AgentError::WorkerUnreachable {
-                worker: lease.worker().id().to_string(),
-                reason: e.to_string(),
-            }
-            .into()
-        };
+        let process = lease.process();
+        let upstream = &process.upstream;
+        let unreachable = |e: &dyn std::fmt::Display| super::worker_unreachable(lease, e);
         if incoming.ended {
             let (exchange, head) = upstream
                 .call_chunks(meta, &incoming.chunks)
@@ -225,7 +219,6 @@ impl InferPath {
                 .map_err(|e| unreachable(&e))?;
             return Ok(Sent::Answered(exchange, head));
         }
-        let process = lease.process();
         let Some(open) = OpenUpload::take(&process.open_uploads, upload_slots(lease.limit()))
         else {
             return Ok(Sent::Deferred);

@@ -103,6 +103,21 @@ impl InferPath {
         Ok(None)
     }
 
+    /// Reads the rest of `body` into `incoming`, within the limits
+    /// ([`InferPath::read_frame`]).
+    pub(super) async fn read_rest<B>(
+        &self,
+        body: &mut B,
+        incoming: &mut Incoming,
+    ) -> Result<(), Status>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        while self.read_frame(body, incoming).await?.is_some() {}
+        Ok(())
+    }
+
     /// Reads the next DATA frame of `body` into `incoming`, within the
     /// limits; `None` at the end of the body, which must have carried
     /// exactly one gRPC message of the length its header says.
