@@ -183,8 +183,9 @@ struct Supervisor {
     kill_at: Option<Instant>,
     next_probe: Option<Instant>,
     probe: Option<ProbeFuture>,
-    /// The current process's liveness-probe client, its connection driven
-    /// by the prober's runtime; `None`: the process's own client.
+    /// The current process's client for liveness probes and health rounds,
+    /// its connection driven by the prober's runtime; `None`: the
+    /// process's own client ([`Supervisor::prober_client`]).
     probe_client: Option<GrpcInferenceServiceClient<Channel>>,
     next_health: Option<Instant>,
     health: Option<HealthFuture>,
@@ -573,10 +574,7 @@ impl Supervisor {
             State::Ready | State::Degraded | State::Draining => {
                 let models = snap.models.clone().unwrap_or_else(|| Arc::from(Vec::new()));
                 let prober = Arc::clone(&self.ctx.prober);
-                let client = self
-                    .probe_client
-                    .clone()
-                    .unwrap_or_else(|| process.client.clone());
+                let client = self.prober_client(&process);
                 Some(Box::pin(async move {
                     // Timed on the prober's thread: a verdict of the
                     // worker, however busy this runtime is.
@@ -658,6 +656,14 @@ impl Supervisor {
         self.next_health = Some(now() + cfg.interval + Duration::from_nanos(extra));
     }
 
+    /// The client liveness probes and health rounds of `process` use: the
+    /// one the prober's runtime drives, or (an inline prober) its own.
+    fn prober_client(&self, process: &Process) -> GrpcInferenceServiceClient<Channel> {
+        self.probe_client
+            .clone()
+            .unwrap_or_else(|| process.client.clone())
+    }
+
     fn start_health(&mut self) {
         let serving = matches!(
             self.sentinel.state(),
@@ -676,10 +682,7 @@ impl Supervisor {
         // On the prober's thread and connection, as liveness probes: a
         // check timing out must say the worker is slow, not the agent.
         let prober = Arc::clone(&self.ctx.prober);
-        let client = self
-            .probe_client
-            .clone()
-            .unwrap_or_else(|| process.client.clone());
+        let client = self.prober_client(&process);
         self.health = Some(Box::pin(async move {
             let round = async move { health::run_round(&cfg, &id, &snap, &metrics, client).await };
             HealthRound {

@@ -129,16 +129,13 @@ impl infermesh_health::HealthCheck for LiveCheck {
         ""
     }
 
-    fn check<'a>(
-        &'a self,
-        mut client: infermesh_health::Client,
-    ) -> infermesh_health::CheckFuture<'a> {
+    fn check<'a>(&'a self, client: infermesh_health::Client) -> infermesh_health::CheckFuture<'a> {
         Box::pin(async move {
             let started = std::time::Instant::now();
-            let live = client.server_live(ServerLiveRequest {}).await;
-            let result = match live {
-                Ok(r) if r.get_ref().live => Ok("live".to_string()),
-                other => Err(format!("{other:?}")),
+            // What a probe asks first (`ServerLive`), and no model.
+            let result = match live(&[], client).await {
+                true => Ok("live".to_string()),
+                false => Err("not live".to_string()),
             };
             infermesh_health::Verdict::from_result(self, result, started.elapsed())
         })
