@@ -80,7 +80,7 @@ pub fn control_pipe(dir: &Path) -> MpsStatus {
                 Ok(()) => MpsStatus::Running,
                 // Bound by a socket of another type: something listens there
                 // (a driver that went back to stream sockets, say).
-                Err(e) if e.raw_os_error() == Some(EPROTOTYPE) => MpsStatus::Running,
+                Err(e) if e.raw_os_error() == Some(libc::EPROTOTYPE) => MpsStatus::Running,
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                     MpsStatus::Absent(format!(
                         "{} is a socket nobody listens on (a stopped MPS control daemon's); \
@@ -114,9 +114,6 @@ fn connect_seqpacket(path: &Path) -> std::io::Result<()> {
     let socket = Socket::new(Domain::UNIX, Type::SEQPACKET.cloexec(), None)?;
     socket.connect(&SockAddr::unix(path)?)
 }
-
-/// Linux's errno for connecting to a socket of another type.
-const EPROTOTYPE: i32 = 91;
 
 #[cfg(test)]
 mod tests {
