@@ -134,6 +134,9 @@ pub struct RawTransport {
     pub quic: Option<String>,
     /// UDP address of the QUIC rung. Default: the OIP address (same port, UDP).
     pub quic_listen: Option<String>,
+    /// HTTP/2 connections to each worker process: one for small requests,
+    /// the rest for large ones (default [`DEFAULT_WORKER_CONNECTIONS`]).
+    pub worker_connections: Option<usize>,
 }
 
 /// `[tls]`: TLS on the OIP, admin and KServe HTTP ports (see [`crate::tls`]).
@@ -416,6 +419,9 @@ pub struct AgentConfig {
     pub registry: Option<RegistryConfig>,
     /// Whether responses carry the ORCA load report (`[transport] orca`).
     pub orca: bool,
+    /// HTTP/2 connections to each worker process (`[transport]
+    /// worker_connections`; [`crate::worker::upstream`]).
+    pub worker_connections: usize,
     /// OIP address advertised to clients (`registry.advertise`); `None`:
     /// derived from the bound address by [`advertised`].
     pub advertise: Option<SocketAddr>,
@@ -506,6 +512,13 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8001";
 /// Default admin listen address.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8002";
 const DEFAULT_QUEUE_CAPACITY: usize = 256;
+/// Connections to each worker: one for small requests, two for large ones
+/// (BENCHMARKS.md, issue 27: a worker's HTTP/2 server reads each
+/// connection on one task, so large requests spread over two keep its
+/// threads busy; more measured no better on two cores).
+pub const DEFAULT_WORKER_CONNECTIONS: usize = 3;
+/// Most connections to one worker.
+const MAX_WORKER_CONNECTIONS: usize = 16;
 const DEFAULT_MAX_INFLIGHT: usize = 64;
 const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
@@ -634,6 +647,15 @@ impl AgentConfig {
             .as_ref()
             .and_then(|p| read_token(&base_dir.join(p), &mut problems));
         let tls = tls_config(&raw.tls, &base_dir, &mut problems);
+        let worker_connections = raw
+            .transport
+            .worker_connections
+            .unwrap_or(DEFAULT_WORKER_CONNECTIONS);
+        if !(1..=MAX_WORKER_CONNECTIONS).contains(&worker_connections) {
+            problems.push(format!(
+                "transport.worker_connections: {worker_connections} is out of range (1 to {MAX_WORKER_CONNECTIONS})"
+            ));
+        }
         let quic = match raw.transport.quic.as_deref() {
             None | Some("off") => None,
             Some("on") => {
@@ -774,6 +796,7 @@ impl AgentConfig {
                 suspect_window,
                 registry,
                 orca: raw.transport.orca.unwrap_or(true),
+                worker_connections,
                 advertise,
                 admin_advertise,
                 workers,
@@ -1155,6 +1178,7 @@ mod tests {
         // The example states the defaults of these sections: docs = code.
         assert_eq!(cfg.limits, limits::Limits::default());
         assert_eq!(cfg.drain_delay, DEFAULT_DRAIN_DELAY);
+        assert_eq!(cfg.worker_connections, DEFAULT_WORKER_CONNECTIONS);
     }
 
     #[test]
@@ -1332,6 +1356,22 @@ mod tests {
         );
         let text = cfg("[transport]\nrdma = \"yes\"").unwrap_err().to_string();
         assert!(text.contains("transport.rdma"), "{text}");
+        assert_eq!(
+            cfg("").unwrap().worker_connections,
+            DEFAULT_WORKER_CONNECTIONS
+        );
+        assert_eq!(
+            cfg("[transport]\nworker_connections = 1")
+                .unwrap()
+                .worker_connections,
+            1
+        );
+        for bad in [0, 17] {
+            let text = cfg(&format!("[transport]\nworker_connections = {bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(text.contains("transport.worker_connections"), "{text}");
+        }
     }
 
     #[test]

@@ -312,6 +312,7 @@ pub fn publish_routable(
         upstream: crate::worker::upstream::Upstream::new(
             address,
             tokio_util::task::TaskTracker::new(),
+            1,
         ),
         abort: Default::default(),
         open_uploads: Default::default(),

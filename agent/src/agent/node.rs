@@ -104,6 +104,7 @@ impl Node {
             prober: launcher.prober(),
             launcher,
             tasks: tasks.background.clone(),
+            worker_connections: cfg.worker_connections,
         };
         // Seeds only the backoff jitter; different per agent start and per worker.
         let seed = std::time::SystemTime::now()

@@ -96,6 +96,8 @@ pub struct Context {
     pub launcher: Arc<dyn Launcher>,
     /// Where connection tasks to workers are tracked.
     pub tasks: TaskTracker,
+    /// HTTP/2 connections to each worker process ([`Upstream`]).
+    pub worker_connections: usize,
 }
 
 enum ProbeKind {
@@ -464,7 +466,11 @@ impl Supervisor {
                     pid,
                     address,
                     client: client(address, self.ctx.max_message_bytes),
-                    upstream: Upstream::new(address, self.ctx.tasks.clone()),
+                    upstream: Upstream::new(
+                        address,
+                        self.ctx.tasks.clone(),
+                        self.ctx.worker_connections,
+                    ),
                     abort: CancellationToken::new(),
                     open_uploads: Default::default(),
                 });

@@ -1,6 +1,15 @@
-//! The HTTP/2 connection plain inference requests are forwarded on: one per
-//! worker process, made on first use and made again when the worker has
-//! closed it.
+//! The HTTP/2 connections plain inference requests are forwarded on, made
+//! on first use and made again when the worker has closed them. A worker
+//! process gets a few (`[transport] worker_connections`, default 3): small
+//! requests share the first, so that they leave in one `writev` and never
+//! queue behind a large body; requests of [`LARGE_BODY`] or more go on
+//! the others, each on the one with the fewest streams open. A worker's
+//! HTTP/2 server reads each connection on one task (hyper's and tonic's
+//! do; grpc-core serialises a connection's transport too), so one
+//! connection of large bodies keeps one of its threads busy decoding while
+//! the others wait — nginx's `grpc_pass`, which opens a connection per
+//! request, ran ahead of the agent and of a direct client for that reason
+//! (BENCHMARKS.md, issue 27).
 //!
 //! The agent's own client (the upstream half of the frame-level relay in
 //! docs/DECISIONS.md), not `h2`'s: a request's future encodes its HEADERS
@@ -14,6 +23,7 @@
 use std::future::{Future, poll_fn};
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -39,6 +49,9 @@ const READ_BUFFER: usize = 64 << 10;
 const MAX_REFUSED: u32 = 4;
 /// Buffers handed to one `writev`.
 const MAX_SLICES: usize = 64;
+/// A request whose body is this large (or still arriving) is large: it
+/// goes on a connection of its own kind ([`Upstream::lane_for`]).
+pub const LARGE_BODY: usize = 64 << 10;
 
 /// Why a request could not be sent to the worker, or its answer not read.
 #[derive(Debug, thiserror::Error)]
@@ -62,8 +75,12 @@ struct Inner {
     address: SocketAddr,
     authority: String,
     tasks: TaskTracker,
-    /// The current connection.
-    current: Mutex<Option<Arc<Shared>>>,
+    /// The current connection of each lane: lane 0 carries small
+    /// requests, lanes 1.. large ones ([`Upstream::lane_for`]).
+    current: Mutex<Vec<Option<Arc<Shared>>>>,
+    /// Large requests open on each lane (index 0 unused), whichever
+    /// connection they are on.
+    large_open: Box<[Arc<AtomicUsize>]>,
     /// Held while connecting, so concurrent requests make one connection.
     connecting: tokio::sync::Mutex<()>,
     /// Ends the connections' tasks when the worker's entry goes.
@@ -176,15 +193,17 @@ pub fn corked<R>(f: impl FnOnce() -> R) -> R {
 }
 
 impl Upstream {
-    /// A client for the worker at `address`; its connection tasks are
+    /// A client for the worker at `address` over at most `connections`
+    /// connections (at least one; see the module docs); their tasks are
     /// spawned on `tasks`.
-    pub fn new(address: SocketAddr, tasks: TaskTracker) -> Self {
+    pub fn new(address: SocketAddr, tasks: TaskTracker, connections: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 address,
                 authority: address.to_string(),
                 tasks,
-                current: Mutex::new(None),
+                current: Mutex::new(vec![None; connections.max(1)]),
+                large_open: (0..connections.max(1)).map(|_| Arc::default()).collect(),
                 connecting: tokio::sync::Mutex::new(()),
                 closed: CancellationToken::new(),
             }),
@@ -247,14 +266,16 @@ impl Upstream {
         body_open: bool,
     ) -> Result<Exchange, UpstreamError> {
         let mut fresh = false;
+        let large = body_open || chunks.iter().map(Bytes::len).sum::<usize>() >= LARGE_BODY;
         loop {
-            let shared = match self.cached() {
+            let (lane, place) = self.lane_for(large);
+            let shared = match self.cached(lane) {
                 Some(s) => s,
                 None => {
                     fresh = true;
                     // Boxed: connecting is rare and its future large; every
                     // request's future would carry its size.
-                    Box::pin(self.connect()).await?
+                    Box::pin(self.connect(lane)).await?
                 }
             };
             let room = shared.room.notified();
@@ -272,10 +293,14 @@ impl Upstream {
             match opened {
                 Ok(id) => {
                     drop(room);
-                    return Ok(Exchange { shared, id });
+                    return Ok(Exchange {
+                        shared,
+                        id,
+                        _place: place,
+                    });
                 }
                 Err(Refusal::Full) => room.await,
-                Err(Refusal::Closed) if !fresh => self.forget(&shared),
+                Err(Refusal::Closed) if !fresh => self.forget(lane, &shared),
                 Err(Refusal::Closed) => {
                     return Err(
                         Failure::Connection("a new connection took no stream".into()).into(),
@@ -322,13 +347,15 @@ impl Upstream {
     /// with `why` (the sentinel gave up on the worker: it stopped
     /// answering); a later request makes a new connection.
     pub fn abort(&self, why: &str) {
-        let current = self
+        let current: Vec<_> = self
             .inner
             .current
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(shared) = current {
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for shared in current {
             let mut wake = Vec::new();
             shared
                 .lock()
@@ -338,30 +365,57 @@ impl Upstream {
         }
     }
 
-    fn cached(&self) -> Option<Arc<Shared>> {
+    /// The lane a request goes on: small ones on lane 0, large ones on
+    /// the other lane with the fewest large requests open (the first of
+    /// equals), counted there until the [`Place`] drops — from now, so
+    /// that a burst spreads while its first connections are still being
+    /// made.
+    fn lane_for(&self, large: bool) -> (usize, Option<Place>) {
+        let lanes = &self.inner.large_open;
+        if !large || lanes.len() == 1 {
+            return (0, None);
+        }
+        // Under the lock: two requests never both take the emptiest lane.
+        let _picking = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let lane = (1..lanes.len())
+            .min_by_key(|&l| lanes[l].load(Ordering::Relaxed))
+            .unwrap_or(0);
+        lanes[lane].fetch_add(1, Ordering::Relaxed);
+        (lane, Some(Place(Arc::clone(&lanes[lane]))))
+    }
+
+    fn cached(&self, lane: usize) -> Option<Arc<Shared>> {
         self.inner
             .current
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)[lane]
             .clone()
     }
 
-    /// Drops `stale` as the current connection (if it still is).
-    fn forget(&self, stale: &Arc<Shared>) {
+    /// Drops `stale` as lane `lane`'s connection (if it still is).
+    fn forget(&self, lane: usize, stale: &Arc<Shared>) {
         let mut current = self
             .inner
             .current
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, stale)) {
-            *current = None;
+        if current[lane]
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, stale))
+        {
+            current[lane] = None;
         }
     }
 
-    /// Makes a new connection unless another request has just made one.
-    async fn connect(&self) -> Result<Arc<Shared>, UpstreamError> {
+    /// Makes a new connection for `lane` unless another request has just
+    /// made one.
+    async fn connect(&self, lane: usize) -> Result<Arc<Shared>, UpstreamError> {
         let _made = self.inner.connecting.lock().await;
-        if let Some(shared) = self.cached() {
+        if let Some(shared) = self.cached(lane) {
             return Ok(shared);
         }
         let address = self.inner.address;
@@ -387,11 +441,10 @@ impl Upstream {
                 tracing::debug!(%address, %why, "connection to worker ended");
             }
         });
-        *self
-            .inner
+        self.inner
             .current
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&shared));
+            .unwrap_or_else(PoisonError::into_inner)[lane] = Some(Arc::clone(&shared));
         Ok(shared)
     }
 }
@@ -525,6 +578,19 @@ fn read_some(tcp: &TcpStream, buf: &mut BytesMut) -> std::io::Result<usize> {
 pub struct Exchange {
     shared: Arc<Shared>,
     id: u32,
+    /// A large request's count on its lane.
+    _place: Option<Place>,
+}
+
+/// A large request counted on its lane ([`Upstream::lane_for`]) while it
+/// lives.
+#[derive(Debug)]
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Exchange {

@@ -92,6 +92,7 @@ async fn node() -> Node {
         health: Arc::new(HealthConfig::default()),
         launcher: Arc::clone(&launcher) as Arc<dyn Launcher>,
         tasks: TaskTracker::new(),
+        worker_connections: 1,
     };
     let cancel = CancellationToken::new();
     for (i, driver) in drivers.into_iter().enumerate() {

@@ -61,6 +61,7 @@ fn start_with(launcher: Arc<FakeLauncher>, spec: WorkerSpec) -> Harness {
         health: Arc::new(HealthConfig::default()),
         launcher: Arc::clone(&launcher) as Arc<dyn Launcher>,
         tasks: TaskTracker::new(),
+        worker_connections: 1,
     };
     let cancel = CancellationToken::new();
     let task = tokio::spawn(supervise(

@@ -12,6 +12,11 @@ use tokio::net::TcpListener;
 
 use super::*;
 
+/// Which of the worker's connections (in the order they came) a request
+/// arrived on: in its extensions.
+#[derive(Debug, Clone, Copy)]
+struct ConnIndex(usize);
+
 /// A worker answering each request with `handler`; counts connections.
 async fn worker<F, Fut>(builder: h2::server::Builder, handler: F) -> (SocketAddr, Arc<AtomicUsize>)
 where
@@ -25,12 +30,13 @@ where
     tokio::spawn(async move {
         loop {
             let (tcp, _) = listener.accept().await.unwrap();
-            count.fetch_add(1, Ordering::SeqCst);
+            let index = ConnIndex(count.fetch_add(1, Ordering::SeqCst));
             let builder = builder.clone();
             let handler = handler.clone();
             tokio::spawn(async move {
                 let mut conn = builder.handshake::<_, Bytes>(tcp).await.unwrap();
-                while let Some(Ok((req, respond))) = conn.accept().await {
+                while let Some(Ok((mut req, respond))) = conn.accept().await {
+                    req.extensions_mut().insert(index);
                     tokio::spawn(handler.clone()(req, respond));
                 }
             });
@@ -92,7 +98,7 @@ async fn read(exchange: &mut Exchange) -> Result<(Bytes, Option<HeaderMap>), Fai
 }
 
 fn client(address: SocketAddr) -> Upstream {
-    Upstream::new(address, TaskTracker::new())
+    Upstream::new(address, TaskTracker::new(), 1)
 }
 
 fn pattern(len: usize) -> Bytes {
@@ -347,7 +353,7 @@ async fn requests_sent_inside_a_cork_leave_together_when_it_ends() {
     let mut first = upstream.send(&HeaderMap::new(), pattern(10)).await.unwrap();
     read(&mut first).await.unwrap();
     drop(first);
-    let shared = upstream.cached().expect("a connection");
+    let shared = upstream.cached(0).expect("a connection");
     let waker = Waker::noop();
     let mut cx = Context::from_waker(waker);
     let mut exchanges = Vec::new();
@@ -506,4 +512,55 @@ async fn a_refused_upload_is_sent_again_with_what_was_pushed() {
         2,
         "refused once, then served"
     );
+}
+
+/// Large requests go on the connections beyond the first, each to the one
+/// with the fewest large requests open; small ones all share the first,
+/// so they never queue behind a large body.
+#[tokio::test]
+async fn large_requests_spread_over_their_own_connections_and_small_ones_share_one() {
+    let (address, connections) = worker(
+        h2::server::Builder::new(),
+        |req: Request<RecvStream>, respond| async move {
+            let index = req.extensions().get::<ConnIndex>().unwrap().0;
+            body(req.into_body()).await;
+            answer(respond, Bytes::from(vec![index as u8]));
+        },
+    )
+    .await;
+    let upstream = Upstream::new(address, TaskTracker::new(), 3);
+    let send = |len: usize| {
+        let upstream = upstream.clone();
+        async move {
+            upstream
+                .send(&HeaderMap::new(), pattern(len))
+                .await
+                .unwrap()
+        }
+    };
+    let on = |mut exchange: Exchange| async move { read(&mut exchange).await.unwrap().0[0] };
+    // Four large requests, all open at once: two on each large connection.
+    let mut large = Vec::new();
+    for _ in 0..4 {
+        large.push(send(LARGE_BODY).await);
+    }
+    let small = [send(1).await, send(LARGE_BODY - 1).await, send(10).await];
+    let mut small_on = Vec::new();
+    for exchange in small {
+        small_on.push(on(exchange).await);
+    }
+    assert!(small_on.iter().all(|&c| c == small_on[0]), "{small_on:?}");
+    let [a, b, c, d] = <[Exchange; 4]>::try_from(large).unwrap();
+    // Every other one on the same connection, neither the small ones'.
+    let (b_on, d_on) = (on(b).await, on(d).await);
+    assert_eq!(b_on, d_on);
+    // b's connection has none open now, a's two: the next large request
+    // goes to b's (the first of equals would have been a's).
+    let next = send(1 << 20).await;
+    let (a_on, c_on) = (on(a).await, on(c).await);
+    assert_eq!(a_on, c_on);
+    assert_ne!(a_on, b_on);
+    assert!(a_on != small_on[0] && b_on != small_on[0]);
+    assert_eq!(on(next).await, b_on, "the emptier large connection");
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
 }
