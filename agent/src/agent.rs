@@ -324,3 +324,6 @@ mod tests;
 
 #[cfg(test)]
 mod cut_through_tests;
+
+#[cfg(test)]
+mod backlog_tests;

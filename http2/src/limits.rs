@@ -60,7 +60,8 @@ pub struct Limits {
     pub stream_send_buffer: usize,
     /// Response bytes all streams of a connection may queue beyond the
     /// peer's windows; past it [`crate::server::Conn::is_backlogged`] says
-    /// so and new work should be refused (a client that does not read).
+    /// so and new work should wait until it is not (and be refused if it
+    /// stays so: a client that does not read).
     pub connection_send_buffer: usize,
     /// Bytes queued for the socket beyond which response data stays in its
     /// streams' buffers (and the driver stops reading: a client that sends

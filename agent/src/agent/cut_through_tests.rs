@@ -32,7 +32,7 @@ const ROWS: usize = 4096;
 /// What a test sends first and holds: 64 KiB, the head among it.
 const FIRST: usize = 64 << 10;
 /// Longer than any wait below could take with the worker answering.
-const PATIENCE: Duration = Duration::from_secs(10);
+pub(super) const PATIENCE: Duration = Duration::from_secs(10);
 
 fn input() -> Vec<f32> {
     (0..ROWS * dense::IN_FEATURES)
@@ -41,7 +41,7 @@ fn input() -> Vec<f32> {
 }
 
 /// `req` as a gRPC message: its 5-byte header, then its bytes.
-fn framed(req: &ModelInferRequest) -> Vec<u8> {
+pub(super) fn framed(req: &ModelInferRequest) -> Vec<u8> {
     let body = req.encode_to_vec();
     let mut f = vec![0];
     f.extend_from_slice(&(body.len() as u32).to_be_bytes());
@@ -76,7 +76,7 @@ async fn setup_with(
 }
 
 /// [`setup_with`] for the agent configured by `cfg`.
-async fn setup_config(
+pub(super) async fn setup_config(
     cfg: AgentConfig,
     builder: h2::client::Builder,
 ) -> (
@@ -84,7 +84,20 @@ async fn setup_config(
     crate::testing::FakeHandle,
     h2::client::SendRequest<Bytes>,
 ) {
-    let launcher = FakeLauncher::new(WorkerOptions::default());
+    setup_worker(cfg, WorkerOptions::default(), builder).await
+}
+
+/// [`setup_config`] with a worker run with `options`.
+pub(super) async fn setup_worker(
+    cfg: AgentConfig,
+    options: WorkerOptions,
+    builder: h2::client::Builder,
+) -> (
+    Agent,
+    crate::testing::FakeHandle,
+    h2::client::SendRequest<Bytes>,
+) {
+    let launcher = FakeLauncher::new(options);
     let agent = Agent::start(cfg, launcher.clone()).await.unwrap();
     // Ready: the worker answers through the agent.
     let mut c = client(&agent).await;
@@ -101,7 +114,7 @@ async fn setup_config(
 }
 
 /// Starts a `ModelInfer` call whose body is `first` (not ended).
-async fn start(
+pub(super) async fn start(
     h2: &mut h2::client::SendRequest<Bytes>,
     first: &[u8],
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
@@ -117,7 +130,7 @@ async fn start(
 
 /// Sends `data` on `body` as the agent's windows allow (`h2` sends what
 /// it buffers beyond them only when something else wakes its connection).
-async fn send(body: &mut h2::SendStream<Bytes>, data: &[u8], end: bool) {
+pub(super) async fn send(body: &mut h2::SendStream<Bytes>, data: &[u8], end: bool) {
     let mut data = Bytes::copy_from_slice(data);
     while !data.is_empty() {
         body.reserve_capacity(data.len());
@@ -134,7 +147,7 @@ async fn send(body: &mut h2::SendStream<Bytes>, data: &[u8], end: bool) {
 }
 
 /// The call's gRPC status and response message bytes.
-async fn answer(resp: h2::client::ResponseFuture) -> (String, Vec<u8>) {
+pub(super) async fn answer(resp: h2::client::ResponseFuture) -> (String, Vec<u8>) {
     let resp = resp.await.unwrap();
     if let Some(status) = resp.headers().get("grpc-status") {
         return (status.to_str().unwrap().to_string(), Vec::new());
@@ -164,7 +177,7 @@ async fn worker_reads(worker: &crate::testing::FakeHandle, from: u64, n: usize, 
 }
 
 /// Waits until no request holds a slot of the worker, or fails.
-async fn slots_free(agent: &Agent) {
+pub(super) async fn slots_free(agent: &Agent) {
     tokio::time::timeout(PATIENCE, async {
         while agent.pool().worker_load(0).0 != 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;

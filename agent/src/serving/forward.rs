@@ -136,8 +136,9 @@ impl InferPath {
     }
 
     /// Answers one `ModelInfer` request of connection `conn` (shared memory
-    /// and RDMA regions are the connection's; a connection that does not
-    /// read its responses is refused more); inline tensors count as `via`
+    /// and RDMA regions are the connection's; a request of a connection
+    /// behind on reading its responses waits for it, and is refused if it
+    /// does not catch up); inline tensors count as `via`
     /// in `infermesh_transport_requests_total`.
     pub async fn call_via<B>(
         &self,
@@ -283,7 +284,6 @@ impl InferPath {
         .map_err(AgentError::from)?;
         let priority = crate::dispatch::tenant::request_priority(&req.parameters)?;
         drop(req);
-        refuse_backlogged(conn)?;
         // The worker's spans are children of this request's (when tracing).
         let trace = crate::trace::enabled().then(|| {
             let mut map = HeaderMap::new();
@@ -291,7 +291,12 @@ impl InferPath {
             map
         });
         let mut demoted = false;
+        // When this request stops waiting for its client to read (set at
+        // its first wait).
+        let mut reader_wait = None;
         let (lease, exchange, head) = loop {
+            self.wait_for_reader(conn, deadline, &mut reader_wait)
+                .await?;
             let mut lease = match self
                 .take_worker(id, deadline, priority, window, &mut body, &mut incoming)
                 .await?
@@ -306,9 +311,14 @@ impl InferPath {
                     continue;
                 }
             };
-            // Checked again: the client may have stopped reading while this
-            // request queued.
-            refuse_backlogged(conn)?;
+            // Checked again: the client may have fallen behind while this
+            // request queued. The slot goes back (a client that does not
+            // read gets no work onto a worker), and the request waits for
+            // it (within what is left of its wait) before it queues again.
+            if conn.is_some_and(ConnInfo::is_backlogged) {
+                lease.withdrawn();
+                continue;
+            }
             crate::trace::record("worker", &lease.worker().id());
             if !demoted {
                 self.metrics.transport(via);
@@ -416,6 +426,43 @@ impl InferPath {
         self.metrics.cut_through_deferred();
     }
 
+    /// Waits while `conn`'s client is behind on reading its answers
+    /// ([`crate::transports::conn::Backlog`]): backpressure, not refusal.
+    /// The request's body is not read meanwhile, so the client's windows
+    /// push back on it. The wait ends at `until`, set at the first wait to
+    /// `read_timeout` from then and kept for later ones (a request waits
+    /// that long in all): then the request is refused RESOURCE_EXHAUSTED —
+    /// the client is not reading, and its requests must not hold what
+    /// they took (receive budget, a stream) for longer — or
+    /// DEADLINE_EXCEEDED if its deadline came first (docs/DECISIONS.md, "A
+    /// client behind on reading waits").
+    async fn wait_for_reader(
+        &self,
+        conn: Option<&ConnInfo>,
+        deadline: Option<Instant>,
+        until: &mut Option<tokio::time::Instant>,
+    ) -> Result<(), Status> {
+        let Some(conn) = conn.filter(|c| c.is_backlogged()) else {
+            return Ok(());
+        };
+        let until =
+            *until.get_or_insert_with(|| tokio::time::Instant::now() + self.limits.read_timeout);
+        let deadline = deadline.map(tokio::time::Instant::from_std);
+        let by = deadline.map_or(until, |d| d.min(until));
+        tracing::debug!(conn = conn.id, "waiting for the client to read its answers");
+        if conn.backlog.cleared_by(by).await {
+            return Ok(());
+        }
+        if deadline.is_some_and(|d| d <= tokio::time::Instant::now()) {
+            return Err(Status::deadline_exceeded(
+                "deadline exceeded while this connection's earlier answers waited for the client to read them",
+            ));
+        }
+        Err(Status::resource_exhausted(
+            "this connection is not reading its responses; read them, or retry on another connection",
+        ))
+    }
+
     /// Takes `len` bytes of the receive budget, or refuses the request.
     fn reserve(&self, len: usize) -> Result<OwnedSemaphorePermit, Status> {
         if len > self.limits.max_message_bytes {
@@ -485,19 +532,6 @@ fn time_left(deadline: Option<Instant>) -> Result<Option<Duration>, Status> {
         ));
     }
     Ok(Some(left))
-}
-
-/// Refuses new work for a client that is not reading its responses: more
-/// bytes wait for its HTTP/2 windows than its connection's send buffer
-/// allows. Without it a slow or zero-window reader would make each of its
-/// requests hold response bytes in the agent until the send timeout.
-fn refuse_backlogged(conn: Option<&ConnInfo>) -> Result<(), Status> {
-    match conn {
-        Some(info) if info.is_backlogged() => Err(Status::resource_exhausted(
-            "this connection is not reading its responses; read them, or retry on another connection",
-        )),
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,12 @@
 //! [`FirstByteDeadline`] closes a connection that sends nothing within the
 //! handshake timeout after being accepted (a connection that never starts
 //! HTTP/2 would otherwise hold a file descriptor forever).
+//!
+//! [`Backlog`] says whether a connection's client is behind on reading its
+//! responses (set by the connection's driver) and wakes the requests that
+//! wait for it to catch up (`serving::forward`: backpressure, not refusal,
+//! for a client that reads; docs/DECISIONS.md, "A client behind on reading
+//! waits").
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,7 +26,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::Sleep;
+use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep};
 
 /// What a request knows about its connection.
 #[derive(Debug, Clone)]
@@ -29,10 +36,9 @@ pub struct ConnInfo {
     pub id: u64,
     /// The peer.
     pub remote: Option<SocketAddr>,
-    /// The client is not reading its responses: more bytes wait for its
-    /// HTTP/2 windows than the connection's send buffer (set by the
-    /// connection's driver, read by requests before they take a worker).
-    pub backlogged: Arc<AtomicBool>,
+    /// Whether the client is behind on reading its responses (set by the
+    /// connection's driver, awaited by requests before they take a worker).
+    pub backlog: Arc<Backlog>,
 }
 
 impl ConnInfo {
@@ -41,13 +47,59 @@ impl ConnInfo {
         Self {
             id,
             remote,
-            backlogged: Arc::default(),
+            backlog: Arc::default(),
         }
     }
 
     /// Whether the client has more response bytes waiting than it may.
     pub fn is_backlogged(&self) -> bool {
-        self.backlogged.load(Ordering::Relaxed)
+        self.backlog.is_set()
+    }
+}
+
+/// A client behind on reading its responses: more bytes wait for its
+/// HTTP/2 windows than its connection's send buffer. A flag for the
+/// requests' checks, and a wake-up for those waiting for it to clear.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    set: AtomicBool,
+    cleared: Notify,
+}
+
+impl Backlog {
+    /// Records whether the client is behind; clearing it wakes every
+    /// request waiting in [`Backlog::cleared_by`].
+    pub fn set(&self, backlogged: bool) {
+        self.set.store(backlogged, Ordering::Relaxed);
+        if !backlogged {
+            self.cleared.notify_waiters();
+        }
+    }
+
+    /// Whether the client is behind.
+    pub fn is_set(&self) -> bool {
+        self.set.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the backlog is clear (true), or until `until` while it
+    /// is not (false).
+    pub async fn cleared_by(&self, until: Instant) -> bool {
+        let give_up = tokio::time::sleep_until(until);
+        tokio::pin!(give_up);
+        loop {
+            // Registered before the flag is read: a clear between the two
+            // wakes it.
+            let cleared = self.cleared.notified();
+            tokio::pin!(cleared);
+            cleared.as_mut().enable();
+            if !self.is_set() {
+                return true;
+            }
+            tokio::select! {
+                () = cleared => {}
+                () = &mut give_up => return !self.is_set(),
+            }
+        }
     }
 }
 
@@ -156,5 +208,35 @@ mod tests {
         // Later silence is the idle timeout's business, not this one's.
         let read = tokio::time::timeout(Duration::from_secs(60), talking.read(&mut buf)).await;
         assert!(read.is_err(), "still waiting, no error");
+    }
+
+    /// The wake-up of requests waiting for a client to read: clearing the
+    /// backlog ends their wait with no timer involved (the paused clock
+    /// does not move); a backlog that stays ends it at its bound, with the
+    /// client still behind.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_ends_when_the_backlog_clears_or_at_its_bound() {
+        let backlog = Arc::new(Backlog::default());
+        let start = Instant::now();
+        assert!(backlog.cleared_by(start).await, "not backlogged: no wait");
+
+        backlog.set(true);
+        let waiting = tokio::spawn({
+            let backlog = Arc::clone(&backlog);
+            async move { backlog.cleared_by(start + Duration::from_secs(30)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "waits while backlogged");
+        backlog.set(true);
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "still backlogged: waits on");
+        backlog.set(false);
+        assert!(waiting.await.unwrap(), "cleared");
+        assert_eq!(start.elapsed(), Duration::ZERO, "woken, not timed out");
+
+        backlog.set(true);
+        let bound = start + Duration::from_secs(30);
+        assert!(!backlog.cleared_by(bound).await, "still backlogged");
+        assert_eq!(Instant::now(), bound, "given up at the bound");
     }
 }

@@ -257,7 +257,7 @@ impl Conn {
 
     /// The client is not reading what it asked for: more response bytes
     /// wait for its windows than [`Limits::connection_send_buffer`]. New
-    /// work for it should be refused until it reads.
+    /// work for it should wait until it reads (and be refused if it does not).
     pub fn is_backlogged(&self) -> bool {
         self.queued > self.settings.limits.connection_send_buffer
     }

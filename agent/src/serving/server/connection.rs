@@ -13,7 +13,6 @@
 use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -214,7 +213,7 @@ struct Driver<T, R> {
     /// and when it is set for.
     protocol: Pin<Box<tokio::time::Sleep>>,
     protocol_due: Option<Instant>,
-    /// What `info.backlogged` was last set to.
+    /// What `info.backlog` was last set to.
     backlogged: bool,
     /// Bytes were written and not flushed (TLS).
     unflushed: bool,
@@ -348,7 +347,8 @@ where
             let backlogged = conn.is_backlogged();
             if backlogged != self.backlogged {
                 self.backlogged = backlogged;
-                self.info.backlogged.store(backlogged, Ordering::Relaxed);
+                // Clearing it wakes the requests waiting for the client.
+                self.info.backlog.set(backlogged);
             }
             let settled = conn.is_settled();
             let idle = conn.open_streams() == 0;
