@@ -129,6 +129,8 @@ pub struct Metrics {
     transport: [Counter; TransportPath::ALL.len()],
     cut_through_demotions: Counter,
     cut_through_deferrals: Counter,
+    backlog_waits: Counter,
+    backlog_refusals: Counter,
     node_state: Family<Labels, Gauge>,
     /// Set once every worker's zero-valued series exist.
     workers_primed: OnceLock<()>,
@@ -194,6 +196,18 @@ impl Metrics {
             "cut_through_deferrals",
             "Requests that took a worker with their body still arriving when unfinished uploads already held all of that worker's slots but one: the slot given back, the body read whole before queueing again (so a request that is all here always finds a slot)",
             cut_through_deferrals.clone(),
+        );
+        let backlog_waits = Counter::default();
+        registry.register(
+            "backlog_waits",
+            "Requests that waited, unread, because their connection had more answers waiting for the client to read than limits.connection_send_buffer (a client behind on reading)",
+            backlog_waits.clone(),
+        );
+        let backlog_refusals = Counter::default();
+        registry.register(
+            "backlog_refusals",
+            "Requests refused RESOURCE_EXHAUSTED because their client was still behind on reading its answers after limits.read_timeout",
+            backlog_refusals.clone(),
         );
         let health_checks = Family::<Labels, Counter>::default();
         let health_pass = Family::<Labels, Gauge>::default();
@@ -326,6 +340,8 @@ impl Metrics {
             transport,
             cut_through_demotions,
             cut_through_deferrals,
+            backlog_waits,
+            backlog_refusals,
         }
     }
 
@@ -344,6 +360,18 @@ impl Metrics {
     /// slots were all but one held by unfinished uploads.
     pub fn cut_through_deferred(&self) {
         self.cut_through_deferrals.inc();
+    }
+
+    /// Counts a request that waits for its client to read its earlier
+    /// answers (once per request).
+    pub fn backlog_wait(&self) {
+        self.backlog_waits.inc();
+    }
+
+    /// Counts a request refused because its client was still behind on
+    /// reading after the wait.
+    pub fn backlog_refused(&self) {
+        self.backlog_refusals.inc();
     }
 
     /// The request metrics of `model` (a served model), or of

@@ -170,6 +170,12 @@ async fn a_request_waits_for_its_client_to_read_and_is_then_served() {
         .await
         .expect("answered once the client read");
     assert_eq!(status, "0", "served once the client read");
+    let text = agent.metrics().render(agent.pool());
+    assert!(
+        text.contains("infermesh_backlog_waits_total 1\n")
+            && text.contains("infermesh_backlog_refusals_total 0\n"),
+        "one wait, no refusal counted"
+    );
     let out = ModelInferResponse::decode(&message[5..]).unwrap();
     assert_eq!(
         raw_to_f32(&out.raw_output_contents[0]).unwrap(),
@@ -193,6 +199,12 @@ async fn a_request_whose_client_does_not_read_within_the_wait_is_refused() {
         .expect("refused after the wait")
         .unwrap();
     assert_eq!(resp.headers()["grpc-status"], "8", "RESOURCE_EXHAUSTED");
+    let text = agent.metrics().render(agent.pool());
+    assert!(
+        text.contains("infermesh_backlog_waits_total 1\n")
+            && text.contains("infermesh_backlog_refusals_total 1\n"),
+        "the wait and the refusal counted"
+    );
     // A lower bound the agent's timer guarantees (it starts after the
     // request was sent), not a speed: refused after the wait, not at once.
     assert!(

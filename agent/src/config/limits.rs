@@ -19,7 +19,9 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 256;
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection with no new request for this long is closed.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Longest time to receive one request body.
+/// Longest time to receive one request body, and longest a request waits,
+/// unread, while its connection's client is behind on reading its answers
+/// (then RESOURCE_EXHAUSTED; docs/DECISIONS.md).
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A large request is forwarded as it arrives (cut-through) for this long
 /// from its head, extended while its body keeps coming at 1 MiB/s or

@@ -445,6 +445,9 @@ impl InferPath {
         let Some(conn) = conn.filter(|c| c.is_backlogged()) else {
             return Ok(());
         };
+        if until.is_none() {
+            self.metrics.backlog_wait();
+        }
         let until =
             *until.get_or_insert_with(|| tokio::time::Instant::now() + self.limits.read_timeout);
         let deadline = deadline.map(tokio::time::Instant::from_std);
@@ -458,6 +461,7 @@ impl InferPath {
                 "deadline exceeded while this connection's earlier answers waited for the client to read them",
             ));
         }
+        self.metrics.backlog_refused();
         Err(Status::resource_exhausted(
             "this connection is not reading its responses; read them, or retry on another connection",
         ))
