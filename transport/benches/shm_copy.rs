@@ -15,6 +15,12 @@
 //!   ([`ShmRegion::copy_to`], the test worker's `identity` on shared
 //!   memory): a `pread` into its mapping of the destination. Compare with
 //!   `memcpy`.
+//! - `leased_request`: the bytes one leased `identity` request moves, with
+//!   no RPC: the caller writes the input into its region's input window,
+//!   then a server copies that window into the output window of the same
+//!   region (`copy_to`, as the test worker does). Its throughput counts
+//!   input + output bytes, as `infermesh bench` and BENCHMARKS.md do, so it
+//!   reads directly as the ceiling of the leased path against `memcpy`.
 //!
 //! The region lives in `/dev/shm` (tmpfs), is touched once before measuring
 //! (no first-touch page faults in the figures) and is unlinked at the end.
@@ -39,10 +45,18 @@ fn shm_copy(c: &mut Criterion) {
     let out = ShmRegion::create(&out_key, largest as u64).expect("create a second region");
     let server_out =
         ShmRegion::open(&out_key, 0, largest as u64).expect("open the second region as a server");
+    // One pooled region as the client library lays it out: the input
+    // window, then the output window.
+    let leased_key = format!("/infermesh-bench-leased-{}", std::process::id());
+    let leased = ShmRegion::create(&leased_key, 2 * largest as u64).expect("create a region");
     let src: Vec<u8> = (0..largest).map(|i| i as u8).collect();
     let mut dst = vec![0u8; largest];
     region.write(0, &src).expect("touch every page once");
     out.write(0, &src).expect("touch every page once");
+    leased.write(0, &src).expect("touch every page once");
+    leased
+        .write(largest as u64, &src)
+        .expect("touch every page once");
 
     let mut group = c.benchmark_group("shm_copy");
     for (size, label) in SIZES {
@@ -80,6 +94,16 @@ fn shm_copy(c: &mut Criterion) {
                 region.write(0, black_box(src)).unwrap();
                 region.read_into(0, &mut dst[..size]).unwrap();
                 black_box(&dst);
+            })
+        });
+        let leased_in = ShmRegion::open(&leased_key, 0, size as u64).expect("the input window");
+        let leased_out =
+            ShmRegion::open(&leased_key, largest as u64, size as u64).expect("the output window");
+        group.throughput(Throughput::Bytes(2 * size as u64));
+        group.bench_with_input(BenchmarkId::new("leased_request", label), &size, |b, _| {
+            b.iter(|| {
+                leased.write(0, black_box(src)).unwrap();
+                leased_in.copy_to(0, &leased_out, 0, size as u64).unwrap();
             })
         });
     }
