@@ -21,7 +21,9 @@ use infermesh_proto::tensor::{f32_to_raw, raw_to_f32};
 use infermesh_testworker::{WorkerOptions, dense};
 use prost::Message;
 
-use super::cut_through_tests::{PATIENCE, answer, framed, send, setup_worker, slots_free, start};
+use super::cut_through_tests::{
+    PATIENCE, answer, framed, read_answer, send, setup_worker, slots_free, start,
+};
 use super::tests::{config, request};
 use super::*;
 
@@ -94,15 +96,9 @@ async fn backlogged(
 /// Reads every unread answer at once (one alone would wait for the
 /// connection window that the others' unread bytes hold) and checks it.
 async fn read_all(unread: Vec<(h2::RecvStream, Vec<f32>)>) {
-    let reads = unread.into_iter().map(|(mut body, input)| async move {
-        let mut data = Vec::new();
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.unwrap();
-            let _ = body.flow_control().release_capacity(chunk.len());
-            data.extend_from_slice(&chunk);
-        }
-        let trailers = body.trailers().await.unwrap().expect("trailers");
-        assert_eq!(trailers["grpc-status"], "0");
+    let reads = unread.into_iter().map(|(body, input)| async move {
+        let (status, data) = read_answer(body).await;
+        assert_eq!(status, "0");
         let out = ModelInferResponse::decode(&data[5..]).unwrap();
         assert!(
             out.raw_output_contents[0][..] == f32_to_raw(&input)[..],

@@ -152,7 +152,12 @@ pub(super) async fn answer(resp: h2::client::ResponseFuture) -> (String, Vec<u8>
     if let Some(status) = resp.headers().get("grpc-status") {
         return (status.to_str().unwrap().to_string(), Vec::new());
     }
-    let mut body = resp.into_body();
+    read_answer(resp.into_body()).await
+}
+
+/// An answer's body read whole (its window given back as it comes): its
+/// trailers' gRPC status and its message bytes.
+pub(super) async fn read_answer(mut body: h2::RecvStream) -> (String, Vec<u8>) {
     let mut data = Vec::new();
     while let Some(chunk) = body.data().await {
         let chunk = chunk.unwrap();
