@@ -327,3 +327,5 @@ mod cut_through_tests;
 
 #[cfg(test)]
 mod backlog_tests;
+#[cfg(test)]
+mod stream_reader_tests;

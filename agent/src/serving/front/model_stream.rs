@@ -18,8 +18,19 @@
 //! copied by the agent (outputs written back when the response arrives). A
 //! request that fails these checks is answered in the stream with
 //! `error_message`; the stream goes on.
+//!
+//! A client that stops reading holds no worker slot (issue 24's slow
+//! readers, on a stream): the worker's answers are always read off its
+//! connection (their permits released) into the stream's queue of
+//! [`Answers`], and the stream admits no new request while that queue
+//! holds [`FORWARD_BUFFER`] answers the client has not taken. Before, the
+//! task forwarding answers waited for the client, stopped reading the
+//! worker's, and every request admitted meanwhile kept its permit until
+//! the stream was reset — a few streams held all of a worker's slots, and
+//! its stall watchdog took it for hung.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -41,8 +52,13 @@ use crate::serving::worker_status::worker_status;
 use crate::transports::conn;
 use crate::transports::shm;
 
-/// Requests forwarded ahead of the worker's reading them.
+/// Requests forwarded ahead of the worker's reading them, and answers the
+/// client has not taken beyond which no new request is admitted.
 const FORWARD_BUFFER: usize = 16;
+/// Answers of a decoupled model (several per request) the client has not
+/// taken beyond which the worker's are not read (holding only the permits
+/// of the requests already admitted).
+const MAX_UNREAD: usize = 4 * FORWARD_BUFFER;
 /// Parameter of decoupled responses that says whether more follow.
 const FINAL_RESPONSE_PARAM: &str = "triton_final_response";
 
@@ -71,15 +87,75 @@ pub async fn serve(
     Ok(Response::new(Box::pin(ReceiverStream::new(out_rx))))
 }
 
-type Out = mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+type Answer = Result<ModelStreamInferResponse, Status>;
+type Out = mpsc::Sender<Answer>;
+
+/// The stream's answers on their way to the client: queued here at once,
+/// in order, and handed to the client's stream by a task of their own as
+/// the client takes them.
+#[derive(Clone)]
+struct Answers {
+    queue: mpsc::UnboundedSender<Answer>,
+    unread: Arc<Unread>,
+}
+
+/// Answers queued that the client has not taken.
+#[derive(Default)]
+struct Unread {
+    count: AtomicUsize,
+    taken: tokio::sync::Notify,
+}
+
+impl Answers {
+    /// Queues the answers for `out`, forwarded by a task spawned on
+    /// `front`'s tracker.
+    fn new(front: &Front, out: Out) -> Self {
+        let (queue, mut rx) = mpsc::unbounded_channel::<Answer>();
+        let unread = Arc::new(Unread::default());
+        let counted = Arc::clone(&unread);
+        front.tasks.spawn(async move {
+            while let Some(answer) = rx.recv().await {
+                let sent = out.send(answer).await;
+                counted.count.fetch_sub(1, Ordering::SeqCst);
+                counted.taken.notify_waiters();
+                if sent.is_err() {
+                    return;
+                }
+            }
+        });
+        Self { queue, unread }
+    }
+
+    /// Queues `answer`; false once the client is gone.
+    fn push(&self, answer: Answer) -> bool {
+        self.unread.count.fetch_add(1, Ordering::SeqCst);
+        self.queue.send(answer).is_ok()
+    }
+
+    /// Waits until fewer than `n` answers wait for the client.
+    async fn below(&self, n: usize) {
+        loop {
+            let taken = self.unread.taken.notified();
+            tokio::pin!(taken);
+            taken.as_mut().enable();
+            if self.unread.count.load(Ordering::SeqCst) < n {
+                return;
+            }
+            taken.await;
+        }
+    }
+}
 
 /// The next request of the stream; `None` when the client is done or its
 /// stream failed (the failure is answered in the stream).
-async fn next(incoming: &mut Streaming<ModelInferRequest>, out: &Out) -> Option<ModelInferRequest> {
+async fn next(
+    incoming: &mut Streaming<ModelInferRequest>,
+    answers: &Answers,
+) -> Option<ModelInferRequest> {
     match incoming.message().await {
         Ok(m) => m,
         Err(s) => {
-            let _ = out.send(Ok(in_stream_error(&oversize(s)))).await;
+            answers.push(Ok(in_stream_error(&oversize(s))));
             None
         }
     }
@@ -95,14 +171,16 @@ async fn drive(
     mut incoming: Streaming<ModelInferRequest>,
     out: Out,
 ) {
+    let answers = Answers::new(&front, out.clone());
     let (first, in_flight) = loop {
-        let Some(msg) = next(&mut incoming, &out).await else {
+        answers.below(FORWARD_BUFFER).await;
+        let Some(msg) = next(&mut incoming, &answers).await else {
             return;
         };
         match admit(&front, owner, None, deadline, msg).await {
             Ok(admitted) => break admitted,
             Err(s) => {
-                if out.send(Ok(in_stream_error(&s))).await.is_err() {
+                if !answers.push(Ok(in_stream_error(&s))) {
                     return;
                 }
             }
@@ -116,14 +194,20 @@ async fn drive(
         return;
     }
     let reader = {
-        let (front, pending, out, index) = (
+        let (front, pending, answers, index) = (
             front.clone(),
             Arc::clone(&pending),
-            out.clone(),
+            answers.clone(),
             worker.index,
         );
         front.tasks.clone().spawn(async move {
-            while let Some(msg) = next(&mut incoming, &out).await {
+            loop {
+                // A client that does not take its answers gets no more
+                // work onto the worker.
+                answers.below(FORWARD_BUFFER).await;
+                let Some(msg) = next(&mut incoming, &answers).await else {
+                    break;
+                };
                 match admit(&front, owner, Some(index), deadline, msg).await {
                     Ok((msg, in_flight)) => {
                         pending
@@ -135,7 +219,7 @@ async fn drive(
                         }
                     }
                     Err(s) => {
-                        if out.send(Ok(in_stream_error(&s))).await.is_err() {
+                        if !answers.push(Ok(in_stream_error(&s))) {
                             break;
                         }
                     }
@@ -154,7 +238,7 @@ async fn drive(
     {
         Ok(r) => r.into_inner(),
         Err(s) => {
-            let _ = out.send(Err(worker_status(&worker, s))).await;
+            answers.push(Err(worker_status(&worker, s)));
             return;
         }
     };
@@ -167,7 +251,7 @@ async fn drive(
         let mut resp = match item {
             Ok(r) => r,
             Err(s) => {
-                let _ = out.send(Err(worker_status(&worker, s))).await;
+                answers.push(Err(worker_status(&worker, s)));
                 return;
             }
         };
@@ -194,8 +278,14 @@ async fn drive(
             // A partial answer (decoupled model): progress for the watchdog.
             front.pool.progressed(worker.index);
         }
-        if out.send(Ok(resp)).await.is_err() {
+        if !answers.push(Ok(resp)) {
             return;
+        }
+        // Only a decoupled model's answers can pile up past the reader's
+        // bound: past this one the worker's wait.
+        tokio::select! {
+            () = answers.below(MAX_UNREAD) => {}
+            () = out.closed() => return,
         }
     }
 }
