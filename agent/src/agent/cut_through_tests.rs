@@ -118,14 +118,20 @@ pub(super) async fn start(
     h2: &mut h2::client::SendRequest<Bytes>,
     first: &[u8],
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
-    let req = http::Request::post("http://agent/inference.GRPCInferenceService/ModelInfer")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (resp, mut body) = h2.send_request(req, false).unwrap();
+    let (resp, mut body) = h2.send_request(grpc_call("ModelInfer"), false).unwrap();
     send(&mut body, first, false).await;
     (resp, body)
+}
+
+/// The head of a call of the inference service's `method`.
+pub(super) fn grpc_call(method: &str) -> http::Request<()> {
+    http::Request::post(format!(
+        "http://agent/inference.GRPCInferenceService/{method}"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .unwrap()
 }
 
 /// Sends `data` on `body` as the agent's windows allow (`h2` sends what

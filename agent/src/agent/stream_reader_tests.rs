@@ -4,7 +4,7 @@
 
 use infermesh_testworker::WorkerOptions;
 
-use super::cut_through_tests::{PATIENCE, framed, send, setup_worker};
+use super::cut_through_tests::{PATIENCE, framed, grpc_call, send, setup_worker};
 use super::tests::{client, config, request};
 
 /// Opens a `ModelStreamInfer` call on `h2` and sends `n` requests of
@@ -15,12 +15,9 @@ fn unread_stream(
     input: &[f32],
     n: usize,
 ) -> (h2::client::ResponseFuture, tokio::task::JoinHandle<()>) {
-    let req = http::Request::post("http://agent/inference.GRPCInferenceService/ModelStreamInfer")
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
+    let (resp, mut body) = h2
+        .send_request(grpc_call("ModelStreamInfer"), false)
         .unwrap();
-    let (resp, mut body) = h2.send_request(req, false).unwrap();
     let one = framed(&request("dense", input));
     let sending = tokio::spawn(async move {
         for _ in 0..n {
