@@ -3,7 +3,7 @@
 //! process gets a few (`[transport] worker_connections`, default 3): small
 //! requests share the first, so that they leave in one `writev` and never
 //! queue behind a large body; requests of [`LARGE_BODY`] or more go on
-//! the others, each on the one with the fewest streams open. A worker's
+//! the others, each on the one with the fewest large requests open. A worker's
 //! HTTP/2 server reads each connection on one task (hyper's and tonic's
 //! do; grpc-core serialises a connection's transport too), so one
 //! connection of large bodies keeps one of its threads busy decoding while
