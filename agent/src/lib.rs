@@ -36,6 +36,7 @@
 #![deny(unsafe_code)]
 
 pub mod alarm;
+pub mod condition;
 pub mod config;
 pub mod error;
 pub mod tls;

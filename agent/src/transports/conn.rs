@@ -84,22 +84,8 @@ impl Backlog {
     /// Waits until the backlog is clear (true), or until `until` while it
     /// is not (false).
     pub async fn cleared_by(&self, until: Instant) -> bool {
-        let give_up = tokio::time::sleep_until(until);
-        tokio::pin!(give_up);
-        loop {
-            // Registered before the flag is read: a clear between the two
-            // wakes it.
-            let cleared = self.cleared.notified();
-            tokio::pin!(cleared);
-            cleared.as_mut().enable();
-            if !self.is_set() {
-                return true;
-            }
-            tokio::select! {
-                () = cleared => {}
-                () = &mut give_up => return !self.is_set(),
-            }
-        }
+        let cleared = crate::condition::until(&self.cleared, || !self.is_set());
+        tokio::time::timeout_at(until, cleared).await.is_ok() || !self.is_set()
     }
 }
 

@@ -134,15 +134,8 @@ impl Answers {
 
     /// Waits until fewer than `n` answers wait for the client.
     async fn below(&self, n: usize) {
-        loop {
-            let taken = self.unread.taken.notified();
-            tokio::pin!(taken);
-            taken.as_mut().enable();
-            if self.unread.count.load(Ordering::SeqCst) < n {
-                return;
-            }
-            taken.await;
-        }
+        let unread = &self.unread;
+        crate::condition::until(&unread.taken, || unread.count.load(Ordering::SeqCst) < n).await;
     }
 }
 
