@@ -49,41 +49,31 @@ pub(super) fn framed(req: &ModelInferRequest) -> Vec<u8> {
     f
 }
 
-/// An agent with one in-process worker (at most 4 requests at once), the
-/// handle on that worker, and an `h2` connection to the agent.
-async fn setup() -> (
+/// An agent, the handle on its one in-process worker, and an `h2`
+/// connection to the agent.
+pub(super) type Setup = (
     Agent,
     crate::testing::FakeHandle,
     h2::client::SendRequest<Bytes>,
-) {
+);
+
+/// An agent with one in-process worker (at most 4 requests at once), the
+/// handle on that worker, and an `h2` connection to the agent.
+async fn setup() -> Setup {
     setup_with(4, h2::client::Builder::new()).await
 }
 
 /// [`setup`] with a worker of `slots` and the `h2` connection made by
 /// `builder`. The cut-through grace is an hour: these tests hold bodies
 /// half-sent on purpose, and a demoted upload gives its slot back.
-async fn setup_with(
-    slots: usize,
-    builder: h2::client::Builder,
-) -> (
-    Agent,
-    crate::testing::FakeHandle,
-    h2::client::SendRequest<Bytes>,
-) {
+async fn setup_with(slots: usize, builder: h2::client::Builder) -> Setup {
     let mut cfg = config(slots, 8);
     cfg.limits.cut_through_grace = Duration::from_secs(3600);
     setup_config(cfg, builder).await
 }
 
 /// [`setup_with`] for the agent configured by `cfg`.
-pub(super) async fn setup_config(
-    cfg: AgentConfig,
-    builder: h2::client::Builder,
-) -> (
-    Agent,
-    crate::testing::FakeHandle,
-    h2::client::SendRequest<Bytes>,
-) {
+pub(super) async fn setup_config(cfg: AgentConfig, builder: h2::client::Builder) -> Setup {
     setup_worker(cfg, WorkerOptions::default(), builder).await
 }
 
@@ -92,11 +82,7 @@ pub(super) async fn setup_worker(
     cfg: AgentConfig,
     options: WorkerOptions,
     builder: h2::client::Builder,
-) -> (
-    Agent,
-    crate::testing::FakeHandle,
-    h2::client::SendRequest<Bytes>,
-) {
+) -> Setup {
     let launcher = FakeLauncher::new(options);
     let agent = Agent::start(cfg, launcher.clone()).await.unwrap();
     // Ready: the worker answers through the agent.
